@@ -1,0 +1,3 @@
+from vllm_overlay.main import main
+
+raise SystemExit(main())

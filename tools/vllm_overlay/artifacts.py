@@ -1,0 +1,154 @@
+"""Release artifacts in a content-addressed cache: download once, verify always.
+
+Layout: ``<cache>/artifacts/sha256/<hex>/<filename>``. A file enters the cache only after
+its sha256 and size match the pin; downloads go to ``<cache>/tmp`` and are renamed into
+place, so the cache never holds a partial file. A cached artifact is used without any
+network request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from vllm_overlay.errors import DownloadError, IntegrityError
+from vllm_overlay.index import configured_index_urls, find_file, sanitize_url
+from vllm_overlay.lockfile import Artifact
+from vllm_overlay.util import cache_dir, exclusive_lock, info, sha256_file
+
+CHUNK = 1 << 20
+
+
+def cached_path(a: Artifact, root: Path | None = None) -> Path:
+    return (root or cache_dir()) / "artifacts" / "sha256" / a.sha256 / a.filename
+
+
+def verify_file(path: Path, a: Artifact) -> None:
+    """Raise IntegrityError unless ``path`` has the pinned size and sha256."""
+    size = path.stat().st_size
+    if size != a.size:
+        raise IntegrityError(
+            f"{a.filename}: size mismatch: expected {a.size} bytes (upstream.lock), got {size}. "
+            "The file was not cached. If the index serves a different file under this name, "
+            "stop and investigate; re-pin only with `vllm-overlay lock` after review."
+        )
+    got = sha256_file(path)
+    if got != a.sha256:
+        raise IntegrityError(
+            f"{a.filename}: sha256 mismatch: expected {a.sha256} (upstream.lock), got {got}. "
+            "The file was not cached. If the index serves a different file under this name, "
+            "stop and investigate; re-pin only with `vllm-overlay lock` after review."
+        )
+
+
+def _progress(name: str, done: int, total: int | None, started: float, last: list[float]) -> None:
+    now = time.monotonic()
+    if now - last[0] < 2.0 and (total is None or done < total):
+        return
+    last[0] = now
+    rate = done / max(now - started, 1e-6) / 1e6
+    if total:
+        info(
+            f"  {name}: {done / 1e6:.1f}/{total / 1e6:.1f} MB ({100 * done // total}%, {rate:.0f} MB/s)"
+        )
+    else:
+        info(f"  {name}: {done / 1e6:.1f} MB ({rate:.0f} MB/s)")
+
+
+def download_to(url: str, dest: Path, expected_size: int | None, label: str) -> None:
+    """Stream ``url`` into ``dest`` (which should be a temp path), with progress."""
+    if url.startswith("file://"):
+        src = Path(urllib.request.url2pathname(url[len("file://") :]))
+        with open(src, "rb") as fi, open(dest, "wb") as fo:
+            for chunk in iter(lambda: fi.read(CHUNK), b""):
+                fo.write(chunk)
+        return
+    req = urllib.request.Request(url, headers={"User-Agent": "vllm-overlay"})
+    started = time.monotonic()
+    last = [started]
+    done = 0
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp, open(dest, "wb") as fo:
+            total = expected_size or int(resp.headers.get("Content-Length") or 0) or None
+            info(f"downloading {label} ({total / 1e6:.1f} MB)" if total else f"downloading {label}")
+            while True:
+                chunk = resp.read(CHUNK)
+                if not chunk:
+                    break
+                fo.write(chunk)
+                done += len(chunk)
+                _progress(label, done, total, started, last)
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        reason = getattr(e, "reason", e)
+        raise DownloadError(
+            f"downloading {label} from {sanitize_url(url)} failed after {done} bytes ({reason}). "
+            "Nothing was cached; run the command again to restart the download."
+        ) from e
+    if expected_size is not None and done != expected_size:
+        raise DownloadError(
+            f"downloading {label} from {sanitize_url(url)} stopped at {done} of {expected_size} "
+            "bytes (connection closed early). Nothing was cached; run the command again."
+        )
+
+
+def ensure_artifact(
+    a: Artifact,
+    *,
+    project: str = "vllm",
+    index_url: str | None = None,
+    verify_cached: bool = True,
+) -> Path:
+    """The verified cached file for ``a``; downloads it through the index only if missing."""
+    root = cache_dir()
+    dest = cached_path(a, root)
+    if dest.is_file():
+        if verify_cached:
+            try:
+                verify_file(dest, a)
+            except IntegrityError as e:
+                raise IntegrityError(
+                    f"the cached {dest} is corrupt ({e}). Delete it and fetch again."
+                ) from None
+        return dest
+    with exclusive_lock(root / "locks" / f"{a.sha256}.lock", f"the cache entry for {a.filename}"):
+        if dest.is_file():
+            return dest
+        urls = configured_index_urls(index_url)
+        entry = find_file(a.filename, project, urls)
+        if entry.sha256 and entry.sha256 != a.sha256:
+            raise IntegrityError(
+                f"{a.filename}: the index publishes sha256 {entry.sha256}, but upstream.lock pins "
+                f"{a.sha256}. Nothing was downloaded. Either the index serves a different file "
+                "under this name (investigate) or the lock is wrong (re-pin with `vllm-overlay lock`)."
+            )
+        tmpdir = root / "tmp"
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{a.filename}.", suffix=".part", dir=tmpdir)
+        os.close(fd)
+        try:
+            download_to(entry.url, Path(tmp), a.size, a.filename)
+            verify_file(Path(tmp), a)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    info(f"cached {a.filename} (sha256 {a.sha256[:12]}…)")
+    return dest
+
+
+def hash_file(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n

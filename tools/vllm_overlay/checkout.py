@@ -1,0 +1,261 @@
+"""The checkout: a git work tree of the pinned upstream with the overlay applied.
+
+Layout of a checkout made by this tool:
+- ``refs/vllm-overlay/base``: the pristine upstream commit (the recorded base ref);
+- branch ``overlay``: the base plus one commit per change, in overlay.toml order, each
+  with an ``Overlay-Change: <id>`` trailer, fixed identity and dates;
+- ``refs/vllm-overlay/applied``: what apply last produced.
+
+``apply`` computes every patched file in memory first (base hashes checked, patches applied
+strictly) and touches the checkout only when all of it succeeded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_overlay.errors import BaseMismatchError, CheckoutError, LockFileError, OverlayConfigError
+from vllm_overlay.git import config_get, config_set, git, rev_parse, show_bytes, status_porcelain
+from vllm_overlay.lockfile import ABSENT, Lock, base_hash
+from vllm_overlay.overlay import Change, Overlay, overlay_digest, safe_join
+from vllm_overlay.patches import apply_patch, parse_patch
+from vllm_overlay.trees import BASE_REF, upstream_repo
+from vllm_overlay.util import cache_dir, exclusive_lock
+
+BRANCH = "overlay"
+APPLIED_REF = "refs/vllm-overlay/applied"
+TRAILER = "Overlay-Change"
+
+
+@dataclass(frozen=True)
+class PlannedChange:
+    change: Change
+    files: dict[str, bytes]  # path -> new content
+
+
+@dataclass
+class ApplyResult:
+    checkout: Path
+    base: str
+    head: str
+    commits: list[tuple[str, str]] = field(default_factory=list)  # (change id, commit)
+    stash: str | None = None
+    created: bool = False
+
+
+def check_consistency(lock: Lock, overlay: Overlay) -> None:
+    """Every overlay file has a [base] entry, every [base] entry belongs to a change."""
+    files = overlay.all_files()
+    missing = [f for f in files if f not in lock.base]
+    extra = [f for f in lock.base if f not in files]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"lacks [base] entries for {missing}")
+        if extra:
+            parts.append(f"has [base] entries for files no change touches: {extra}")
+        raise LockFileError(
+            f"upstream.lock {' and '.join(parts)}. Record the overlay's files with "
+            "`vllm-overlay lock --version " + lock.upstream.version + "` (it keeps the pin and "
+            "rewrites [base])."
+        )
+
+
+def plan(lock: Lock, overlay: Overlay, repo: Path, base: str) -> list[PlannedChange]:
+    """Check base hashes and compute every changed file; raises before anything is written."""
+    check_consistency(lock, overlay)
+    planned = []
+    for change in overlay.changes:
+        out: dict[str, bytes] = {}
+        for path in change.files:
+            original = show_bytes(repo, base, path)
+            got = base_hash(original)
+            want = lock.base[path]
+            if got != want:
+                found = "absent" if original is None else got
+                raise BaseMismatchError(
+                    f"upstream file {path} differs from upstream.lock: expected {want}, found "
+                    f"{found} in the {lock.upstream.name} {lock.upstream.version} tree. The "
+                    "overlay was written against other code; nothing was applied. Check the pin "
+                    "(`vllm-overlay lock --check`) or rebase the overlay."
+                )
+            where = f"change {change.id!r}, file {path}"
+            if want == ABSENT:
+                src = overlay.whole_file(path)
+                if not src.is_file():
+                    raise OverlayConfigError(
+                        f"{where}: the file is new (absent upstream), so overlay/{path} must hold "
+                        "it whole, but it does not exist. Run `vllm-overlay export`."
+                    )
+                out[path] = src.read_bytes()
+            else:
+                pfile = overlay.patch_file(path)
+                if not pfile.is_file():
+                    raise OverlayConfigError(
+                        f"{where}: overlay/{path}.patch does not exist. Run `vllm-overlay export`."
+                    )
+                fp = parse_patch(pfile.read_text(), f"overlay/{path}.patch")
+                for side in (fp.old_path, fp.new_path):
+                    if side is not None and side != path:
+                        raise OverlayConfigError(
+                            f"{where}: overlay/{path}.patch patches {side!r}, not {path!r}."
+                        )
+                if not fp.hunks:
+                    raise OverlayConfigError(f"{where}: overlay/{path}.patch has no hunks.")
+                out[path] = apply_patch(original, fp, where)
+        planned.append(PlannedChange(change, out))
+    return planned
+
+
+def _lock_for(dest: Path):
+    key = hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16]
+    return exclusive_lock(cache_dir() / "locks" / f"checkout-{key}.lock", f"the checkout {dest}")
+
+
+def is_checkout(path: Path) -> bool:
+    return (path / ".git").exists() and rev_parse(path, BASE_REF) is not None
+
+
+def _commit_change(dest: Path, pc: PlannedChange) -> str:
+    for path, data in pc.files.items():
+        target = safe_join(dest, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    git("add", "-f", "--", *pc.files, cwd=dest)
+    msg = f"{pc.change.id}: {pc.change.title}\n\n{pc.change.origin}\n\n{TRAILER}: {pc.change.id}\n"
+    git("commit", "-q", "--no-verify", "-m", msg, cwd=dest)
+    return rev_parse(dest, "HEAD") or ""
+
+
+def _checkout_base(dest: Path, repo: Path, base: str) -> None:
+    if not rev_parse(dest, base):
+        git("fetch", "-q", "--no-tags", str(repo), f"+{BASE_REF}:{BASE_REF}", cwd=dest)
+    git("update-ref", BASE_REF, base, cwd=dest)
+    git("checkout", "-q", "-f", "-B", BRANCH, base, cwd=dest)
+
+
+def apply_overlay(
+    lock: Lock,
+    overlay: Overlay | None,
+    dest: Path,
+    *,
+    force: bool = False,
+    source: str = "sdist",
+    index_url: str | None = None,
+    git_url: str | None = None,
+) -> ApplyResult:
+    """Make ``dest`` the pinned upstream plus ``overlay`` (None: the pristine tree)."""
+    repo, base = upstream_repo(lock, source=source, index_url=index_url, git_url=git_url)
+    planned = plan(lock, overlay, repo, base) if overlay is not None else []
+    digest = overlay_digest(overlay.dir) if overlay is not None else "pristine"
+    dest = dest.absolute()
+    with _lock_for(dest):
+        if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+            return _apply_existing(dest, repo, base, planned, digest, force)
+        return _apply_new(dest, repo, base, planned, digest)
+
+
+def _finish(dest: Path, planned: list[PlannedChange], digest: str, result: ApplyResult) -> None:
+    for pc in planned:
+        result.commits.append((pc.change.id, _commit_change(dest, pc)))
+    result.head = rev_parse(dest, "HEAD") or ""
+    git("update-ref", APPLIED_REF, result.head, cwd=dest)
+    config_set(dest, "vllm-overlay.overlay-digest", digest)
+
+
+def _apply_new(
+    dest: Path, repo: Path, base: str, planned: list[PlannedChange], digest: str
+) -> ApplyResult:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        git("clone", "-q", "--no-checkout", str(repo), str(tmp / "w"))
+        work = tmp / "w"
+        git("remote", "remove", "origin", cwd=work)
+        _checkout_base(work, repo, base)
+        result = ApplyResult(checkout=dest, base=base, head=base, created=True)
+        _finish(work, planned, digest, result)
+        if dest.exists():
+            dest.rmdir()  # the empty directory the user named
+        work.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def _apply_existing(
+    dest: Path, repo: Path, base: str, planned: list[PlannedChange], digest: str, force: bool
+) -> ApplyResult:
+    if not is_checkout(dest):
+        raise CheckoutError(
+            f"{dest} exists and is not a vllm-overlay checkout (no {BASE_REF}). Nothing was "
+            "changed. Pass another --checkout directory, or remove this one."
+        )
+    dirty = status_porcelain(dest)
+    stash = None
+    if dirty:
+        if not force:
+            shown = "\n".join("    " + e for e in dirty[:20])
+            more = f"\n    … and {len(dirty) - 20} more" if len(dirty) > 20 else ""
+            raise CheckoutError(
+                f"{dest} has uncommitted changes:\n{shown}{more}\nNothing was changed. Save them "
+                "into the overlay with `vllm-overlay export`, commit or discard them, or pass "
+                "--force (which stashes them with `git stash` before applying)."
+            )
+        git(
+            "stash",
+            "push",
+            "-q",
+            "--include-untracked",
+            "-m",
+            "vllm-overlay apply --force",
+            cwd=dest,
+        )
+        stash = rev_parse(dest, "refs/stash")
+    prev_head = rev_parse(dest, "HEAD")
+    prev_branch = git("symbolic-ref", "-q", "--short", "HEAD", cwd=dest, check=False).stdout.strip()
+    result = ApplyResult(checkout=dest, base=base, head=base, stash=stash)
+    try:
+        _checkout_base(dest, repo, base)
+        _finish(dest, planned, digest, result)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            if prev_branch:
+                git("checkout", "-q", "-f", "-B", prev_branch, prev_head or base, cwd=dest)
+            elif prev_head:
+                git("checkout", "-q", "-f", prev_head, cwd=dest)
+            if stash:
+                git("stash", "pop", "-q", cwd=dest)
+        raise
+    return result
+
+
+def checkout_state(dest: Path, overlay: Overlay) -> dict[str, object]:
+    """How a checkout relates to the overlay on disk (for status)."""
+    if not dest.exists():
+        return {"exists": False, "state": "missing"}
+    if not is_checkout(dest):
+        return {"exists": True, "state": "foreign"}
+    applied = rev_parse(dest, APPLIED_REF)
+    head = rev_parse(dest, "HEAD")
+    dirty = status_porcelain(dest)
+    digest = config_get(dest, "vllm-overlay.overlay-digest")
+    current = overlay_digest(overlay.dir)
+    if dirty or head != applied:
+        state = "edited"  # uncommitted edits or new commits: run export
+    elif digest != current:
+        state = "stale"  # overlay changed since apply: run apply
+    else:
+        state = "matches"
+    return {
+        "exists": True,
+        "state": state,
+        "base": rev_parse(dest, BASE_REF),
+        "head": head,
+        "dirty_files": len(dirty),
+    }

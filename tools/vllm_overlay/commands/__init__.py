@@ -1,0 +1,1 @@
+"""One module per command; each exports HELP, configure(parser) and run(args)."""

@@ -1,0 +1,44 @@
+"""vllm-overlay edit: give a person the patched checkout to change."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_overlay.checkout import apply_overlay, checkout_state
+from vllm_overlay.commands._options import add_checkout, add_index_url, add_source, checkout_of
+from vllm_overlay.project import find_project
+
+HELP = "open the patched checkout for editing (then run export)"
+DESCRIPTION = """\
+Make sure the checkout holds the pinned upstream plus the current overlay, then say how to
+change it. Edit files there (commit or not, as you like); `vllm-overlay export` writes your
+work back into overlay/ as one patch per upstream file (whole files for files we add), and
+`vllm-overlay export --check` tells whether overlay/ is up to date.
+
+A checkout that already has edits is left alone, so running edit twice never loses work.
+To start a new change, add a [[change]] to overlay/overlay.toml listing its files first.
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_checkout(p)
+    add_source(p)
+    add_index_url(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    project = find_project()
+    overlay = project.overlay()
+    dest = checkout_of(args, project)
+    state = checkout_state(dest, overlay)
+    if state["state"] in ("missing", "stale", "matches"):
+        apply_overlay(
+            project.lock(), overlay, dest, source=args.source, index_url=args.index_url,
+            git_url=args.git_url,
+        )  # fmt: skip
+    elif state["state"] == "edited":
+        print(f"{dest} already has edits; leaving them as they are.")
+    print(f"checkout: {dest}")
+    print("Edit files there, then run `vllm-overlay export` to write overlay/.")
+    print("Files of a new change must first be listed in overlay/overlay.toml.")
+    return 0

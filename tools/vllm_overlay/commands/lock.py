@@ -1,0 +1,87 @@
+"""vllm-overlay lock: write or check upstream.lock."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_overlay.commands._options import add_index_url
+from vllm_overlay.errors import LockFileError, UsageError
+from vllm_overlay.lockfile import write_lock
+from vllm_overlay.pinning import DEFAULT_GIT, check_lock, compute_lock
+from vllm_overlay.project import find_project
+from vllm_overlay.util import info
+
+HELP = "pin upstream exactly: write or check upstream.lock"
+DESCRIPTION = """\
+Write upstream.lock for a vLLM release: the git tag and full commit, the release sdist and
+every official wheel with the sha256 and size the package index publishes, and for every
+file the overlay touches the sha256 of upstream's file at the pin (or "absent").
+
+  vllm-overlay lock --version 0.24.0 [--commit SHA]
+  vllm-overlay lock --check
+
+The commit is resolved from the git remote's tag; without network access to it, pass
+--commit (it must match the commit the sdist records). Rewrites change only the lines whose
+values changed. --check verifies the lock against the fetched tree and exits 1 on any
+difference.
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--version", help="the upstream release to pin, e.g. 0.24.0")
+    g.add_argument("--check", action="store_true", help="verify upstream.lock; exit 1 if wrong")
+    g.add_argument(
+        "--refresh-base",
+        action="store_true",
+        help="keep the pin, recompute [base] for the overlay's current files",
+    )
+    p.add_argument("--commit", help="the full upstream commit id the release was built from")
+    p.add_argument("--git-url", default=None, help=f"upstream git URL (default {DEFAULT_GIT})")
+    add_index_url(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    project = find_project()
+    overlay = project.overlay()
+    if args.check:
+        lock = project.lock()
+        problems = check_lock(lock, overlay, index_url=args.index_url)
+        if problems:
+            raise LockFileError(
+                "upstream.lock does not match the pinned tree and the overlay:\n"
+                + "\n".join("  - " + p for p in problems)
+                + "\nRewrite it with `vllm-overlay lock --version "
+                + lock.upstream.version
+                + "` after reviewing why."
+            )
+        print(
+            f"upstream.lock OK: {lock.upstream.name} {lock.upstream.version} at {lock.upstream.commit}"
+        )
+        return 0
+    if args.refresh_base:
+        old = project.lock()
+        version, commit, git_url = old.upstream.version, old.upstream.commit, old.upstream.git
+    else:
+        version, commit = args.version, args.commit
+        git_url = args.git_url or DEFAULT_GIT
+        if project.lock_path.is_file() and commit is None:
+            try:
+                old = project.lock()
+                if old.upstream.version == version:
+                    commit, git_url = old.upstream.commit, args.git_url or old.upstream.git
+            except LockFileError:
+                pass
+    if args.commit and args.refresh_base:
+        raise UsageError("--commit goes with --version, not --refresh-base")
+    plan = compute_lock(
+        overlay, version=version, commit=commit, git_url=git_url, index_url=args.index_url
+    )
+    for n in plan.notes:
+        info(n)
+    changed = write_lock(project.lock_path, plan.lock)
+    state = "written" if changed else "unchanged"
+    print(
+        f"upstream.lock {state}: {plan.lock.upstream.name} {version} at {plan.lock.upstream.commit}"
+    )
+    return 0

@@ -1,0 +1,74 @@
+"""vllm-overlay status: the pin, the changes, and the checkout's state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from vllm_overlay.checkout import checkout_state
+from vllm_overlay.commands._options import add_checkout, checkout_of
+from vllm_overlay.project import find_project
+
+HELP = "show the pin, each change and whether the checkout matches the overlay"
+DESCRIPTION = """\
+Print the upstream pin, each change (id, title, files, upstream status, drop-when and
+whether the pinned version already satisfies it), and the checkout's state:
+  matches  the checkout is exactly the pin plus the current overlay
+  edited   it has uncommitted edits or new commits (run export)
+  stale    the overlay changed since it was applied (run apply)
+  missing  no checkout yet (run apply or edit)
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_checkout(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    project = find_project()
+    lock, overlay = project.lock(), project.overlay()
+    dest = checkout_of(args, project)
+    u = lock.upstream
+    data = {
+        "upstream": {
+            "name": u.name,
+            "version": u.version,
+            "tag": u.tag,
+            "commit": u.commit,
+            "git": u.git,
+        },
+        "artifacts": [a.__dict__ for a in lock.artifacts],
+        "changes": [
+            {
+                "id": c.id,
+                "title": c.title,
+                "origin": c.origin,
+                "upstream_status": c.upstream_status,
+                "drop_when": c.drop_when,
+                "drop_now": c.dropped_by(u.name, u.version),
+                "files": [{"path": f, "base": lock.base.get(f, "?")} for f in c.files],
+                "tests": list(c.tests),
+            }
+            for c in overlay.changes
+        ],
+        "checkout": {"path": str(dest), **checkout_state(dest, overlay)},
+    }
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    print(f"upstream: {u.name} {u.version} ({u.tag}, commit {u.commit})")
+    for a in lock.artifacts:
+        print(f"  {a.kind:5} {a.filename}  sha256 {a.sha256[:16]}…  {a.size} bytes")
+    print(f"changes: {len(overlay.changes)}")
+    for c in data["changes"]:
+        print(f"  {c['id']}: {c['title']}")
+        print(f"    origin {c['origin']}; upstream: {c['upstream_status']}")
+        drop = " (holds now: this change should be dropped)" if c["drop_now"] else ""
+        print(f"    drop when {c['drop_when']}{drop}")
+        for f in c["files"]:
+            kind = "added" if f["base"] == "absent" else "patched"
+            print(f"    {kind:7} {f['path']}")
+    co = data["checkout"]
+    print(f"checkout {co['path']}: {co['state']}")
+    return 0

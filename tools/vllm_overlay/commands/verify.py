@@ -1,0 +1,17 @@
+"""vllm-overlay verify (placeholder until implemented)."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_overlay.errors import OverlayError
+
+HELP = "(not implemented yet)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise OverlayError("vllm-overlay verify is not implemented yet")

@@ -1,0 +1,130 @@
+"""Write overlay/ back from a checkout, deterministically (same tree, same bytes).
+
+For each file a change lists: a file absent upstream is copied whole; an upstream file
+becomes ``overlay/<path>.patch``, the ``git diff`` of the base against the work tree with
+pinned diff options and without the ``index`` line (no dates, no tool versions, no blob ids).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_overlay.errors import CheckoutError, OverlayError
+from vllm_overlay.git import git, ls_files_z, rev_parse
+from vllm_overlay.lockfile import ABSENT, Lock
+from vllm_overlay.overlay import CONFIG_NAME, PATCH_SUFFIX, Overlay, overlay_files, safe_join
+from vllm_overlay.patches import canonical_diff
+from vllm_overlay.trees import BASE_REF
+from vllm_overlay.util import atomic_write_bytes
+
+DIFF_OPTS = (
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-renames",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+    "--unified=3",
+    "--diff-algorithm=myers",
+    "--indent-heuristic",
+)
+
+
+@dataclass
+class ExportResult:
+    written: list[str] = field(default_factory=list)  # overlay-relative paths added or changed
+    removed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.written or self.removed)
+
+
+def file_diff(checkout: Path, base: str, path: str) -> str:
+    """The canonical patch of ``path``: base commit vs the work tree."""
+    out = git("diff", *DIFF_OPTS, base, "--", path, cwd=checkout)
+    return canonical_diff(out.stdout)
+
+
+def changed_paths(checkout: Path, base: str) -> set[str]:
+    """Paths that differ from base in the work tree, untracked (not ignored) files included."""
+    out = git("diff", "--name-only", "-z", "--no-renames", base, cwd=checkout)
+    paths = {p for p in out.stdout.split("\0") if p}
+    paths.update(ls_files_z(checkout, "--others", "--exclude-standard"))
+    return paths
+
+
+def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path) -> dict[str, bytes]:
+    """overlay-relative path -> bytes, as export would write them."""
+    base = rev_parse(checkout, BASE_REF)
+    if base is None:
+        raise CheckoutError(
+            f"{checkout} is not a vllm-overlay checkout (no {BASE_REF}). Create one with "
+            "`vllm-overlay apply --checkout DIR` or `vllm-overlay edit`."
+        )
+    owned = set(overlay.all_files())
+    stray = sorted(changed_paths(checkout, base) - owned)
+    if stray:
+        listed = "\n".join("    " + p for p in stray[:30])
+        raise OverlayError(
+            f"{checkout} changes files that belong to no change in overlay/{CONFIG_NAME}:\n"
+            f"{listed}\nAdd each to the `files` of the change it belongs to (or a new "
+            "[[change]]), or revert it in the checkout; nothing was exported."
+        )
+    out: dict[str, bytes] = {}
+    for change in overlay.changes:
+        for path in change.files:
+            target = safe_join(checkout, path)
+            if lock.base.get(path) == ABSENT:
+                if not target.is_file():
+                    raise OverlayError(
+                        f"change {change.id!r}: {path} is missing from {checkout}. Restore it, "
+                        f"or remove it from the change's files in overlay/{CONFIG_NAME}."
+                    )
+                out[path] = target.read_bytes()
+            else:
+                diff = file_diff(checkout, base, path)
+                if not diff.strip():
+                    raise OverlayError(
+                        f"change {change.id!r}: {path} no longer differs from upstream in "
+                        f"{checkout}. Remove it from the change's files in overlay/{CONFIG_NAME} "
+                        "(and from upstream.lock with `vllm-overlay lock`), or redo the edit."
+                    )
+                out[path + PATCH_SUFFIX] = diff.encode()
+    return out
+
+
+def export_overlay(
+    lock: Lock, overlay: Overlay, checkout: Path, *, check: bool = False
+) -> ExportResult:
+    """Write (or with ``check``, only compare) overlay/ from ``checkout``."""
+    want = expected_overlay(lock, overlay, checkout)
+    have = {
+        f.relative_to(overlay.dir).as_posix(): f
+        for f in overlay_files(overlay.dir)
+        if f.relative_to(overlay.dir).as_posix() != CONFIG_NAME
+    }
+    result = ExportResult()
+    for rel in sorted(want):
+        cur = have.get(rel)
+        if cur is not None and cur.read_bytes() == want[rel]:
+            result.unchanged.append(rel)
+            continue
+        result.written.append(rel)
+        if not check:
+            atomic_write_bytes(safe_join(overlay.dir, rel), want[rel])
+    for rel in sorted(set(have) - set(want)):
+        result.removed.append(rel)
+        if not check:
+            os.unlink(have[rel])
+            _prune_empty_dirs(have[rel].parent, overlay.dir)
+    return result
+
+
+def _prune_empty_dirs(d: Path, stop: Path) -> None:
+    while d != stop and d.is_dir() and not any(d.iterdir()):
+        d.rmdir()
+        d = d.parent

@@ -1,0 +1,258 @@
+"""overlay/overlay.toml: the changes we carry, validated with messages that name the bad key."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import tomllib
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from vllm_overlay.errors import OverlayConfigError, UnsafePathError
+
+CONFIG_NAME = "overlay.toml"
+PATCH_SUFFIX = ".patch"
+_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_REQUIRED = ("id", "title", "why", "origin", "upstream_status", "drop_when", "files", "tests")
+_OPTIONAL = ("origin_kind", "bugs", "supersedes", "notes")
+_HISTORY_KEYS = ("id", "title", "origin", "dropped_in", "reason", "proof")
+
+
+@dataclass(frozen=True)
+class Change:
+    id: str
+    title: str
+    why: str
+    origin: str
+    upstream_status: str
+    drop_when: str  # e.g. "vllm>=0.25.0"
+    files: tuple[str, ...]
+    tests: tuple[str, ...]
+    origin_kind: str = "backport"
+    bugs: tuple[str, ...] = ()
+    supersedes: tuple[str, ...] = ()
+    notes: str = ""
+
+    def drop_specifier(self) -> tuple[str, SpecifierSet]:
+        """(project name, specifier) parsed from drop_when."""
+        return parse_drop_when(self.drop_when, f"change {self.id!r} drop_when")
+
+    def dropped_by(self, project: str, version: str) -> bool:
+        """True when upstream ``project`` at ``version`` satisfies drop_when."""
+        name, spec = self.drop_specifier()
+        return name == project and spec.contains(version, prereleases=True)
+
+
+@dataclass(frozen=True)
+class Overlay:
+    dir: Path
+    changes: tuple[Change, ...]
+    history: tuple[dict, ...] = field(default_factory=tuple)
+
+    def change(self, change_id: str) -> Change:
+        for c in self.changes:
+            if c.id == change_id:
+                return c
+        raise OverlayConfigError(f"no change with id {change_id!r} in {self.dir / CONFIG_NAME}")
+
+    def all_files(self) -> list[str]:
+        return [p for c in self.changes for p in c.files]
+
+    def patch_file(self, path: str) -> Path:
+        return safe_join(self.dir, path + PATCH_SUFFIX)
+
+    def whole_file(self, path: str) -> Path:
+        return safe_join(self.dir, path)
+
+    def owner(self, path: str) -> Change | None:
+        for c in self.changes:
+            if path in c.files:
+                return c
+        return None
+
+
+def parse_drop_when(text: str, where: str) -> tuple[str, SpecifierSet]:
+    m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$", text)
+    if not m or not m.group(2):
+        raise OverlayConfigError(
+            f'{where}: expected a project and a version specifier such as "vllm>=0.25.0", '
+            f"got {text!r}."
+        )
+    try:
+        spec = SpecifierSet(m.group(2))
+    except InvalidSpecifier as e:
+        raise OverlayConfigError(f'{where}: {e}. Write it like "vllm>=0.25.0".') from e
+    return m.group(1).lower().replace("_", "-"), spec
+
+
+def check_relpath(path: str, where: str) -> str:
+    """A vLLM-relative path: relative, normalised, posix, inside the tree."""
+    if not isinstance(path, str) or not path:
+        raise UnsafePathError(f"{where}: expected a non-empty relative path, got {path!r}.")
+    if "\\" in path or "\0" in path:
+        raise UnsafePathError(f"{where}: {path!r} contains a backslash or NUL; use / separators.")
+    p = PurePosixPath(path)
+    if p.is_absolute():
+        raise UnsafePathError(
+            f"{where}: {path!r} is absolute; overlay paths are relative to the vLLM tree "
+            "(e.g. vllm/config.py)."
+        )
+    if any(part in ("..", ".", "") for part in path.split("/")):
+        raise UnsafePathError(
+            f"{where}: {path!r} escapes or is not normalised (contains '..', '.' or '//'); "
+            "write the plain path inside the vLLM tree."
+        )
+    if p.parts[0] == ".git":
+        raise UnsafePathError(f"{where}: {path!r} points into .git.")
+    return path
+
+
+def safe_join(root: Path, rel: str) -> Path:
+    """``root / rel``, refusing a path that is unsafe or passes through a symlink under root."""
+    check_relpath(rel, str(root))
+    cur = root
+    parts = rel.split("/")
+    for i, part in enumerate(parts):
+        cur = cur / part
+        if cur.is_symlink():
+            kind = "file" if i == len(parts) - 1 else "directory"
+            raise UnsafePathError(
+                f"{rel!r} under {root} passes through a symlink ({kind} {cur} -> "
+                f"{os.readlink(cur)}); refusing to read or write through it. Replace the "
+                "symlink with a real file or directory."
+            )
+    return cur
+
+
+def _str_list(val: object, where: str) -> tuple[str, ...]:
+    if not isinstance(val, list) or not all(isinstance(x, str) for x in val):
+        raise OverlayConfigError(f"{where}: expected a list of strings, got {val!r}.")
+    return tuple(val)
+
+
+def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
+    src = f"{overlay_dir / CONFIG_NAME}"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise OverlayConfigError(f"{src} is not valid TOML: {e}") from e
+    unknown = set(data) - {"change", "dropped"}
+    if unknown:
+        raise OverlayConfigError(
+            f"{src}: unknown top-level key(s) {sorted(unknown)}; expected [[change]] and "
+            "[[dropped]] tables."
+        )
+    raw = data.get("change", [])
+    if not isinstance(raw, list):
+        raise OverlayConfigError(f"{src}: `change` must be an array of tables ([[change]]).")
+    changes: list[Change] = []
+    seen_ids: set[str] = set()
+    owner: dict[str, str] = {}
+    for i, tbl in enumerate(raw):
+        where = f"{src}: [[change]] #{i + 1}"
+        if "id" in tbl and isinstance(tbl["id"], str):
+            where = f"{src}: change {tbl['id']!r}"
+        missing = [k for k in _REQUIRED if k not in tbl]
+        if missing:
+            raise OverlayConfigError(f"{where}: missing key(s) {missing}.")
+        extra = set(tbl) - set(_REQUIRED) - set(_OPTIONAL)
+        if extra:
+            raise OverlayConfigError(
+                f"{where}: unknown key(s) {sorted(extra)}; allowed: "
+                f"{', '.join(_REQUIRED + _OPTIONAL)}."
+            )
+        for k in ("id", "title", "why", "origin", "upstream_status", "drop_when"):
+            if not isinstance(tbl[k], str) or not tbl[k].strip():
+                raise OverlayConfigError(f"{where}: `{k}` must be a non-empty string.")
+        cid = tbl["id"]
+        if not _ID_RE.match(cid):
+            raise OverlayConfigError(
+                f"{where}: `id` must be kebab-case (lowercase letters, digits, '-'), got {cid!r}."
+            )
+        if cid in seen_ids:
+            raise OverlayConfigError(f"{where}: duplicate `id` {cid!r}; ids must be unique.")
+        seen_ids.add(cid)
+        if not re.match(r"^https?://", tbl["origin"]):
+            raise OverlayConfigError(
+                f"{where}: `origin` must be a URL (the upstream PR or issue), got {tbl['origin']!r}."
+            )
+        parse_drop_when(tbl["drop_when"], f"{where}: `drop_when`")
+        files = _str_list(tbl["files"], f"{where}: `files`")
+        if not files:
+            raise OverlayConfigError(
+                f"{where}: `files` is empty; list every path the change touches."
+            )
+        for f in files:
+            check_relpath(f, f"{where}: `files`")
+            if f in owner:
+                raise OverlayConfigError(
+                    f"{where}: `files` lists {f!r}, which change {owner[f]!r} already owns. "
+                    "Each upstream file belongs to one change: merge the two changes, or move "
+                    "the edit into the change that owns the file."
+                )
+            owner[f] = cid
+        tests = _str_list(tbl["tests"], f"{where}: `tests`")
+        for t in tests:
+            check_relpath(t.split("::")[0], f"{where}: `tests`")
+        kind = tbl.get("origin_kind", "backport")
+        if kind not in ("backport", "original"):
+            raise OverlayConfigError(f'{where}: `origin_kind` must be "backport" or "original".')
+        changes.append(
+            Change(
+                id=cid,
+                title=tbl["title"],
+                why=tbl["why"],
+                origin=tbl["origin"],
+                upstream_status=tbl["upstream_status"],
+                drop_when=tbl["drop_when"],
+                files=files,
+                tests=tests,
+                origin_kind=kind,
+                bugs=_str_list(tbl.get("bugs", []), f"{where}: `bugs`"),
+                supersedes=_str_list(tbl.get("supersedes", []), f"{where}: `supersedes`"),
+                notes=tbl.get("notes", ""),
+            )
+        )
+    history = data.get("dropped", [])
+    if not isinstance(history, list):
+        raise OverlayConfigError(f"{src}: `dropped` must be an array of tables ([[dropped]]).")
+    for i, h in enumerate(history):
+        missing = [k for k in ("id", "dropped_in", "reason") if k not in h]
+        if missing:
+            raise OverlayConfigError(f"{src}: [[dropped]] #{i + 1}: missing key(s) {missing}.")
+    return Overlay(dir=overlay_dir, changes=tuple(changes), history=tuple(history))
+
+
+def load_overlay(overlay_dir: Path) -> Overlay:
+    cfg = overlay_dir / CONFIG_NAME
+    if not cfg.is_file():
+        raise OverlayConfigError(
+            f"{cfg} does not exist. An overlay project keeps its changes there; see docs/overlay.md."
+        )
+    return parse_overlay(cfg.read_text(), overlay_dir)
+
+
+def overlay_files(overlay_dir: Path) -> list[Path]:
+    """Every file under overlay/, sorted (the overlay's content)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(overlay_dir):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".pyc"):
+                continue
+            out.append(Path(dirpath) / name)
+    return sorted(out)
+
+
+def overlay_digest(overlay_dir: Path) -> str:
+    """sha256 over every overlay file's relative path and bytes: changes iff the overlay does."""
+    h = hashlib.sha256()
+    for f in overlay_files(overlay_dir):
+        rel = f.relative_to(overlay_dir).as_posix()
+        data = f.read_bytes()
+        h.update(f"{rel}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()

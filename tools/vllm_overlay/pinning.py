@@ -1,0 +1,128 @@
+"""Compute and check upstream.lock from the package index and the pinned tree."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from vllm_overlay.errors import LockFileError
+from vllm_overlay.git import git, show_bytes
+from vllm_overlay.index import configured_index_urls, find_release_files, release_file_kind
+from vllm_overlay.lockfile import Artifact, Lock, Upstream, base_hash
+from vllm_overlay.overlay import Overlay
+from vllm_overlay.trees import sdist_repo
+
+DEFAULT_GIT = "https://github.com/vllm-project/vllm.git"
+_ABBREV_RE = re.compile(r"""__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['"]g?([0-9a-f]{7,40})['"]""")
+
+
+def sdist_commit_abbrev(repo, base: str, name: str) -> str | None:
+    """The commit id the release's ``<name>/_version.py`` records (often abbreviated)."""
+    data = show_bytes(repo, base, f"{name}/_version.py")
+    if data is None:
+        return None
+    m = _ABBREV_RE.search(data.decode(errors="replace"))
+    return m.group(1) if m else None
+
+
+def resolve_commit(git_url: str, tag: str) -> str | None:
+    """The commit a remote tag points at (peeled), or None if the remote is unreachable."""
+    out = git("ls-remote", git_url, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}", check=False)
+    if out.returncode != 0:
+        return None
+    refs = dict(reversed(line.split("\t", 1)) for line in out.stdout.splitlines() if "\t" in line)
+    return refs.get(f"refs/tags/{tag}^{{}}") or refs.get(f"refs/tags/{tag}")
+
+
+@dataclass
+class LockPlan:
+    lock: Lock
+    notes: list[str] = field(default_factory=list)
+
+
+def compute_lock(
+    overlay: Overlay,
+    *,
+    version: str,
+    name: str = "vllm",
+    commit: str | None = None,
+    git_url: str = DEFAULT_GIT,
+    index_url: str | None = None,
+    overlay_paths: list[str] | None = None,
+) -> LockPlan:
+    """Pin ``name==version``: artifacts from the index, commit, and base hashes of the tree."""
+    urls = configured_index_urls(index_url)
+    _, files = find_release_files(name, version, urls)
+    arts = []
+    for f in files:
+        if f.sha256 is None or f.size is None:
+            raise LockFileError(
+                f"the index lists {f.filename} without a sha256 or size; refusing to pin a file "
+                "it does not describe fully. Use an index that serves the PEP 691 JSON API "
+                "(or PEP 700 sizes)."
+            )
+        kind = release_file_kind(f.filename, name, version) or "wheel"
+        arts.append(Artifact(kind=kind, filename=f.filename, sha256=f.sha256, size=f.size))
+    if not any(a.kind == "sdist" for a in arts):
+        raise LockFileError(
+            f"{name} {version} has no sdist on the index; the pinned tree is made from it."
+        )
+    tag = f"v{version}"
+    notes: list[str] = []
+    provisional = Lock(
+        upstream=Upstream(name=name, version=version, git=git_url, tag=tag, commit="0" * 40),
+        artifacts=tuple(arts),
+    )
+    repo, base = sdist_repo(provisional, index_url=index_url)
+    abbrev = sdist_commit_abbrev(repo, base, name)
+    if commit is None:
+        commit = resolve_commit(git_url, tag)
+        if commit is None:
+            hint = f" (the sdist records commit {abbrev})" if abbrev else ""
+            raise LockFileError(
+                f"cannot resolve tag {tag} at {git_url}{hint}. Pass the full commit id with "
+                "--commit SHA (or --git-url for a reachable mirror)."
+            )
+        notes.append(f"tag {tag} at {git_url} is {commit}")
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise LockFileError(f"--commit must be a full 40-hex commit id, got {commit!r}.")
+    if abbrev and not commit.startswith(abbrev):
+        raise LockFileError(
+            f"commit {commit} does not match the sdist, which records commit {abbrev} in "
+            f"{name}/_version.py. Check --commit."
+        )
+    if abbrev:
+        notes.append(f"the sdist records commit {abbrev}, consistent with {commit}")
+    paths = overlay_paths if overlay_paths is not None else overlay.all_files()
+    base_map = {p: base_hash(show_bytes(repo, base, p)) for p in paths}
+    lock = Lock(
+        upstream=Upstream(name=name, version=version, git=git_url, tag=tag, commit=commit),
+        artifacts=tuple(arts),
+        base=base_map,
+    )
+    return LockPlan(lock=lock, notes=notes)
+
+
+def check_lock(lock: Lock, overlay: Overlay, *, index_url: str | None = None) -> list[str]:
+    """Problems between the lock, the overlay and the fetched tree ([] when consistent)."""
+    problems: list[str] = []
+    files = overlay.all_files()
+    for f in files:
+        if f not in lock.base:
+            problems.append(f"[base] lacks {f} (a file the overlay touches)")
+    for f in lock.base:
+        if f not in files:
+            problems.append(f"[base] lists {f}, which no change touches")
+    repo, base = sdist_repo(lock, index_url=index_url)  # verifies the sdist's sha256 and size
+    for path, want in sorted(lock.base.items()):
+        got = base_hash(show_bytes(repo, base, path))
+        if got != want:
+            problems.append(f"[base] {path}: lock says {want}, the pinned tree has {got}")
+    abbrev = sdist_commit_abbrev(repo, base, lock.upstream.name)
+    if abbrev and not lock.upstream.commit.startswith(abbrev):
+        problems.append(
+            f"[upstream] commit {lock.upstream.commit} does not match the sdist's {abbrev}"
+        )
+    if not lock.wheels():
+        problems.append("no official wheel is pinned (build --strategy repack needs one)")
+    return problems

@@ -1,0 +1,146 @@
+"""Pristine upstream trees as git repositories in the cache.
+
+From the release sdist: the archive is unpacked and committed with a fixed identity and date,
+so the same sdist always gives the same base commit id. From a git remote: only the pinned
+commit is fetched, and its id is checked. Either way the result is a bare repository under
+``<cache>/trees/`` with the base commit at ``refs/vllm-overlay/base``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from vllm_overlay.artifacts import ensure_artifact
+from vllm_overlay.errors import CheckoutError, IntegrityError, OverlayError
+from vllm_overlay.git import git, rev_parse
+from vllm_overlay.lockfile import Lock
+from vllm_overlay.util import cache_dir, exclusive_lock, info
+
+BASE_REF = "refs/vllm-overlay/base"
+SOURCES = ("sdist", "git")
+
+
+def _strip_top(extract_dir: Path) -> Path:
+    entries = [p for p in extract_dir.iterdir()]
+    if len(entries) == 1 and entries[0].is_dir():
+        return entries[0]
+    return extract_dir
+
+
+def _extract(sdist: Path, dest: Path) -> Path:
+    try:
+        with tarfile.open(sdist) as tf:
+            tf.extractall(dest, filter="data")
+    except (tarfile.TarError, OSError) as e:
+        raise IntegrityError(
+            f"cannot unpack {sdist.name}: {e}. Delete it from the cache and fetch again."
+        ) from e
+    return _strip_top(dest)
+
+
+def commit_tree(worktree: Path, git_dir: Path, message: str) -> str:
+    """Commit every file under ``worktree`` (ignored ones too) into ``git_dir``; return the id."""
+    env_args = ("--git-dir", str(git_dir), "--work-tree", str(worktree))
+    git(*env_args, "add", "-A", "-f", "--", ".", cwd=worktree)
+    tree = git(*env_args, "write-tree", cwd=worktree).stdout.strip()
+    commit = git(*env_args, "commit-tree", tree, "-m", message, cwd=worktree).stdout.strip()
+    return commit
+
+
+def _publish_repo(tmp: Path, final: Path) -> None:
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if final.is_dir() and rev_parse(final, BASE_REF):
+            shutil.rmtree(tmp, ignore_errors=True)  # someone else finished first
+        else:
+            raise
+
+
+def sdist_repo(lock: Lock, *, index_url: str | None = None) -> tuple[Path, str]:
+    """(bare repo, base commit) for the pinned sdist, building it once."""
+    art = lock.sdist()
+    root = cache_dir() / "trees"
+    final = root / f"sdist-{art.sha256}.git"
+    if final.is_dir():
+        base = rev_parse(final, BASE_REF)
+        if base:
+            return final, base
+    sdist = ensure_artifact(art, project=lock.upstream.name, index_url=index_url)
+    root.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(
+        cache_dir() / "locks" / f"tree-{art.sha256}.lock", f"the tree of {art.filename}"
+    ):
+        if final.is_dir() and (base := rev_parse(final, BASE_REF)):
+            return final, base
+        if final.exists():
+            shutil.rmtree(final)  # an incomplete leftover
+        info(f"unpacking {art.filename} into a git repository")
+        with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
+            tmp_path = Path(tmp)
+            top = _extract(sdist, tmp_path / "src")
+            repo = tmp_path / "repo.git"
+            git("init", "-q", "--bare", str(repo))
+            msg = (
+                f"{lock.upstream.name} {lock.upstream.version} from {art.filename}\n\n"
+                f"sdist-sha256: {art.sha256}\n"
+            )
+            base = commit_tree(top, repo, msg)
+            git("update-ref", BASE_REF, base, cwd=repo)
+            _publish_repo(repo, final)
+    return final, base
+
+
+def git_repo(lock: Lock, *, git_url: str | None = None) -> tuple[Path, str]:
+    """(bare repo, base commit) holding only the pinned upstream commit, fetched once."""
+    commit = lock.upstream.commit
+    url = git_url or lock.upstream.git
+    root = cache_dir() / "trees"
+    final = root / f"git-{commit}.git"
+    if final.is_dir() and (base := rev_parse(final, BASE_REF)):
+        return final, base
+    root.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(cache_dir() / "locks" / f"tree-{commit}.lock", f"the tree of {commit}"):
+        if final.is_dir() and (base := rev_parse(final, BASE_REF)):
+            return final, base
+        if final.exists():
+            shutil.rmtree(final)
+        info(f"fetching {commit} from {url}")
+        with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
+            repo = Path(tmp) / "repo.git"
+            git("init", "-q", "--bare", str(repo))
+            git(
+                "fetch", "-q", "--depth", "1", "--no-tags", url, commit, cwd=repo,
+                hint=(
+                    f"Could not fetch commit {commit} from {url}. Check the URL (pass --git-url "
+                    "for a mirror) and that the server allows fetching a commit by id; or use "
+                    "--source sdist."
+                ),
+            )  # fmt: skip
+            got = rev_parse(repo, "FETCH_HEAD")
+            if got != commit:
+                raise IntegrityError(
+                    f"{url} returned commit {got} for the pinned {commit}. Refusing to use it."
+                )
+            git("update-ref", BASE_REF, commit, cwd=repo)
+            _publish_repo(repo, final)
+    return final, commit
+
+
+def upstream_repo(
+    lock: Lock, *, source: str = "sdist", index_url: str | None = None, git_url: str | None = None
+) -> tuple[Path, str]:
+    if source == "sdist":
+        return sdist_repo(lock, index_url=index_url)
+    if source == "git":
+        return git_repo(lock, git_url=git_url)
+    raise OverlayError(f"unknown source {source!r}; use one of {', '.join(SOURCES)}.")
+
+
+def require_repo(path: Path) -> None:
+    if not rev_parse(path, BASE_REF):
+        raise CheckoutError(f"{path} is not a vllm-overlay tree (no {BASE_REF}).")

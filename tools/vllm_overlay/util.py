@@ -1,0 +1,161 @@
+"""Small shared helpers: the one subprocess wrapper, hashing, atomic writes, locks."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_overlay.errors import BusyError, CommandError, OverlayError
+
+
+@dataclass(frozen=True)
+class Output:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(
+    *cmd: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    input: str | None = None,
+    hint: str = "",
+    timeout: float | None = None,
+) -> Output:
+    """Run a command (argument list, never a shell string) and capture its output.
+
+    On a non-zero exit with ``check`` the ``CommandError`` carries the command, the return
+    code, stdout and stderr, and ``hint`` (what to do next).
+    """
+    argv = tuple(os.fspath(c) for c in cmd)
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+    except FileNotFoundError as e:
+        raise OverlayError(
+            f"{argv[0]} is not installed or not on PATH ({e}). Install it and try again."
+        ) from e
+    except subprocess.TimeoutExpired as e:
+        raise CommandError(
+            argv, -1, _text(e.stdout), _text(e.stderr), f"timed out after {timeout} s"
+        ) from e
+    if check and proc.returncode != 0:
+        raise CommandError(argv, proc.returncode, proc.stdout, proc.stderr, hint)
+    return Output(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _text(b: bytes | str | None) -> str:
+    if b is None:
+        return ""
+    return b if isinstance(b, str) else b.decode(errors="replace")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` so that readers see the old or the new file, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
+    atomic_write_bytes(path, text.encode(), mode)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[None]:
+    """Hold an exclusive, non-blocking flock on ``lock_path`` (created if missing).
+
+    A second process gets ``BusyError`` at once instead of racing on the same files.
+    """
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise BusyError(
+                    f"another vllm-overlay process is using {what} (lock {lock_path}). "
+                    "Wait for it to finish, then run this again."
+                ) from e
+            raise
+        yield
+    finally:
+        os.close(fd)
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The overlay project: the nearest directory above ``start`` holding overlay/overlay.toml."""
+    env = os.environ.get("VLLM_OVERLAY_PROJECT")
+    if env:
+        return Path(env).resolve()
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "overlay" / "overlay.toml").is_file() or (d / "upstream.lock").is_file():
+            return d
+    raise OverlayError(
+        f"no overlay project found at or above {here}: expected overlay/overlay.toml. "
+        "Run vllm-overlay from the project checkout, or pass --project DIR."
+    )
+
+
+def cache_dir() -> Path:
+    """Where downloads and derived trees live: $VLLM_OVERLAY_CACHE, else the user cache dir."""
+    env = os.environ.get("VLLM_OVERLAY_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "vllm-overlay"
+
+
+def info(msg: str) -> None:
+    """Progress and status for people: stderr, so stdout stays machine-readable."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def sorted_unique(items: Sequence[str]) -> list[str]:
+    return sorted(set(items))
