@@ -53,11 +53,13 @@ def make_wheel(
     metadata_name: str | None = None,
     metadata_version: str | None = None,
     filename: str | None = None,
+    stored: bool = False,
 ) -> Path:
     """Write a small, valid wheel (METADATA, WHEEL, RECORD with hashes) and return its path.
 
     ``metadata_name`` / ``metadata_version`` make METADATA disagree with the file name;
-    the same arguments always give the same bytes.
+    ``stored`` writes members uncompressed (so a test can flip their bytes in place). The
+    same arguments always give the same bytes.
     """
     dist = re.sub(r"[-_.]+", "_", name)
     dist_info = f"{dist}-{version}.dist-info"
@@ -81,11 +83,12 @@ def make_wheel(
     members[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / (filename or f"{dist}-{version}-{tag}.whl")
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+    compression = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
+    with zipfile.ZipFile(path, "w", compression) as zf:
         for member, data in members.items():
             info = zipfile.ZipInfo(member, _DATE)
             info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
+            info.compress_type = compression
             zf.writestr(info, data)
     return path
 

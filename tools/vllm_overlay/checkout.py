@@ -19,8 +19,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_overlay.errors import BaseMismatchError, CheckoutError, LockFileError, OverlayConfigError
-from vllm_overlay.git import config_get, config_set, git, rev_parse, show_bytes, status_porcelain
+from vllm_overlay.errors import (
+    BaseMismatchError,
+    CheckoutError,
+    LockFileError,
+    OverlayConfigError,
+    OverlayError,
+)
+from vllm_overlay.git import config_set, git, rev_parse, show_bytes, status_porcelain
 from vllm_overlay.lockfile import ABSENT, Lock, base_hash
 from vllm_overlay.overlay import Change, Overlay, overlay_digest, safe_join
 from vllm_overlay.patches import apply_patch, parse_patch
@@ -235,8 +241,10 @@ def _apply_existing(
     return result
 
 
-def checkout_state(dest: Path, overlay: Overlay) -> dict[str, object]:
-    """How a checkout relates to the overlay on disk (for status)."""
+def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object]:
+    """How a checkout relates to the overlay on disk (for status and edit)."""
+    from vllm_overlay.export import export_overlay
+
     if not dest.exists():
         return {"exists": False, "state": "missing"}
     if not is_checkout(dest):
@@ -244,14 +252,14 @@ def checkout_state(dest: Path, overlay: Overlay) -> dict[str, object]:
     applied = rev_parse(dest, APPLIED_REF)
     head = rev_parse(dest, "HEAD")
     dirty = status_porcelain(dest)
-    digest = config_get(dest, "vllm-overlay.overlay-digest")
-    current = overlay_digest(overlay.dir)
     if dirty or head != applied:
         state = "edited"  # uncommitted edits or new commits: run export
-    elif digest != current:
-        state = "stale"  # overlay changed since apply: run apply
     else:
-        state = "matches"
+        try:
+            differs = export_overlay(lock, overlay, dest, check=True).differs
+        except OverlayError:
+            differs = True
+        state = "stale" if differs else "matches"  # stale: the overlay changed; run apply
     return {
         "exists": True,
         "state": state,

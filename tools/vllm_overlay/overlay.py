@@ -51,6 +51,7 @@ class Overlay:
     dir: Path
     changes: tuple[Change, ...]
     history: tuple[dict, ...] = field(default_factory=tuple)
+    revision: int = 1  # bump when the overlay changes; orders local versions of built wheels
 
     def change(self, change_id: str) -> Change:
         for c in self.changes:
@@ -139,11 +140,11 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise OverlayConfigError(f"{src} is not valid TOML: {e}") from e
-    unknown = set(data) - {"change", "dropped"}
+    unknown = set(data) - {"change", "dropped", "revision"}
     if unknown:
         raise OverlayConfigError(
-            f"{src}: unknown top-level key(s) {sorted(unknown)}; expected [[change]] and "
-            "[[dropped]] tables."
+            f"{src}: unknown top-level key(s) {sorted(unknown)}; expected `revision`, "
+            "[[change]] and [[dropped]] tables."
         )
     raw = data.get("change", [])
     if not isinstance(raw, list):
@@ -223,7 +224,12 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
         missing = [k for k in ("id", "dropped_in", "reason") if k not in h]
         if missing:
             raise OverlayConfigError(f"{src}: [[dropped]] #{i + 1}: missing key(s) {missing}.")
-    return Overlay(dir=overlay_dir, changes=tuple(changes), history=tuple(history))
+    revision = data.get("revision", 1)
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 1:
+        raise OverlayConfigError(f"{src}: `revision` must be a positive integer, got {revision!r}.")
+    return Overlay(
+        dir=overlay_dir, changes=tuple(changes), history=tuple(history), revision=revision
+    )
 
 
 def load_overlay(overlay_dir: Path) -> Overlay:

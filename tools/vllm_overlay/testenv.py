@@ -37,7 +37,6 @@ leaves nothing behind.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -247,7 +246,8 @@ def _requirement_lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
     """Requirement lines of a pip requirements file: comments and blanks dropped,
     ``-r`` includes followed; any other pip option is refused."""
     if path in seen:
-        raise OverlayError(f"{path}: requirements include themselves ({' -> '.join(map(str, seen))})")
+        chain = " -> ".join(map(str, (*seen, path)))
+        raise OverlayError(f"requirements files include each other: {chain}")
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -425,9 +425,3 @@ def _build(rec: Recipe, staging: Path) -> str:
     util.atomic_write_text(staging / MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n")
     util.info(f"testenv: built in {seconds} s")
     return torch_version
-
-
-def remove(path: Path) -> None:
-    """Remove a test environment directory (used by tests and by --rebuild)."""
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(path)

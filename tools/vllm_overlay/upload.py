@@ -245,10 +245,12 @@ def _twine_env(index: ServerIndex, environ: Mapping[str, str]) -> dict[str, str]
 def _upload_error(index: ServerIndex, wheel: WheelFile, returncode: int, output: str) -> str:
     """One sentence for a failed twine upload, with what to do next."""
     where = index.upload_url
-    if re.search(r"\b(401|403)\b", output) or "Credential not found" in output:
+    if "Credential not found" in output or "could not determine credentials" in output:
+        return f"no credentials for {where} to upload {wheel.filename}. {_CREDENTIALS_HINT}"
+    if re.search(r"\b(401|403)\b", output):
         return (
-            f"the index at {where} refused to accept {wheel.filename}: the credentials are "
-            f"missing or wrong, or the account may not upload (HTTP 401/403). {_CREDENTIALS_HINT}"
+            f"the index at {where} refused to accept {wheel.filename} (HTTP 401/403): the "
+            f"credentials are wrong or the account may not upload there. {_CREDENTIALS_HINT}"
         )
     if re.search(r"\b409\b|already exists|File exists", output, re.IGNORECASE):
         return (
@@ -267,8 +269,9 @@ def _twine_upload(
     index: ServerIndex, wheel: WheelFile, environ: Mapping[str, str], timeout: float | None
 ) -> None:
     info(f"uploading {wheel.filename} to {index.upload_url} ...")
-    cmd = [sys.executable, "-m", "twine", "upload", "--repository-url", index.upload_url]
-    cmd += ["--non-interactive", "--disable-progress-bar", str(wheel.path)]
+    cmd = [sys.executable, "-m", "twine", "--no-color", "upload"]
+    cmd += ["--repository-url", index.upload_url, "--non-interactive", "--disable-progress-bar"]
+    cmd.append(str(wheel.path))
     try:
         out = run(*cmd, env=_twine_env(index, environ), check=False, timeout=timeout)
     except CommandError as e:

@@ -30,10 +30,11 @@ def run(args: argparse.Namespace) -> int:
     project = find_project()
     overlay = project.overlay()
     dest = checkout_of(args, project)
-    state = checkout_state(dest, overlay)
+    lock = project.lock()
+    state = checkout_state(dest, lock, overlay)
     if state["state"] in ("missing", "stale", "matches"):
         apply_overlay(
-            project.lock(), overlay, dest, source=args.source, index_url=args.index_url,
+            lock, overlay, dest, source=args.source, index_url=args.index_url,
             git_url=args.git_url,
         )  # fmt: skip
     elif state["state"] == "edited":

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             }
             for c in overlay.changes
         ],
-        "checkout": {"path": str(dest), **checkout_state(dest, overlay)},
+        "checkout": {"path": str(dest), **checkout_state(dest, lock, overlay)},
     }
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))

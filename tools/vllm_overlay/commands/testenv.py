@@ -1,17 +1,60 @@
-"""vllm-overlay testenv (placeholder until implemented)."""
+"""vllm-overlay testenv: build (or show) the CPU environment vLLM's tests run in."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay import testenv, util
+from vllm_overlay.errors import UsageError
 
-HELP = "(not implemented yet)"
+HELP = "build or show the CPU environment in which vLLM's own tests run"
+DESCRIPTION = """\
+Build, or find in the cache, the virtualenv in which vLLM's own tests run from a source
+tree (vLLM comes from the tree through PYTHONPATH; it is not installed in the env).
+
+It holds a CPU build of torch (see docs/testenv.md for which and why), the requirement
+lines of the tree's requirements/common.txt, pytest and the test tooling vLLM's tests
+import, a generated plugin that selects vLLM's CPU platform, and a config-only Hugging
+Face cache for the models the unit tests read configs of. It lives under
+$VLLM_OVERLAY_CACHE/testenv/<recipe hash> and is rebuilt only when its recipe changes.
+
+Prints the environment's directory on stdout.
+"""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument(
+        "--tree",
+        metavar="DIR",
+        type=Path,
+        help="the vLLM source tree whose requirements/common.txt the environment follows "
+        "(required until the pinned checkout can be found by default)",
+    )
+    parser.add_argument(
+        "--rebuild", action="store_true", help="build it anew even when a complete one exists"
+    )
+    parser.add_argument(
+        "--print-recipe",
+        action="store_true",
+        help="print the recipe and its hash as JSON; build nothing",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    raise OverlayError("vllm-overlay testenv is not implemented yet")
+    tree: Path | None = args.tree
+    if tree is None:
+        raise UsageError("pass --tree DIR: the vLLM source tree the tests will run from.")
+    if not tree.is_dir():
+        raise UsageError(f"--tree {tree}: not a directory. Pass the root of a vLLM source tree.")
+    if args.print_recipe:
+        rec = testenv.recipe(tree)
+        doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return 0
+    env = testenv.ensure_testenv(tree, rebuild=args.rebuild)
+    util.info(f"testenv: python {env.python}, torch {env.torch_version}")
+    print(env.path)
+    return 0

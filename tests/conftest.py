@@ -1,0 +1,204 @@
+"""Shared fixtures: an isolated environment, a synthetic upstream with a real index server on
+loopback, an overlay project pinned to it, and an in-process CLI runner."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from synthetic import ADDED_TEST, CONNECTOR, IndexServer, Upstream, make_upstream, release_files  # noqa: E402
+
+from vllm_overlay.main import main  # noqa: E402
+
+REAL_HOME = os.environ.get("HOME", "/root")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory, monkeypatch, request):
+    """No test reads or writes the real $HOME or cache; git runs without user config.
+
+    Tests marked ``network`` keep the real cache (~/.cache/vllm-overlay) so the real release
+    artifacts are downloaded once per machine.
+    """
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    if request.node.get_closest_marker("network"):
+        cache = os.environ.get("VLLM_OVERLAY_CACHE") or os.path.join(REAL_HOME, ".cache", "vllm-overlay")
+        monkeypatch.setenv("VLLM_OVERLAY_CACHE", cache)
+    else:
+        monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("VLLM_OVERLAY_PROJECT", raising=False)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    for k in list(os.environ):
+        if k.startswith("GIT_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    yield
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+def run_cli(*args: str | os.PathLike[str], cwd: Path | None = None) -> Result:
+    """Run vllm-overlay in-process (as the console script would) and capture its output."""
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main([str(a) for a in args])
+            except SystemExit as e:  # argparse usage errors
+                rc = e.code if isinstance(e.code, int) else 2
+    finally:
+        os.chdir(old)
+    return Result(rc, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory) -> Upstream:
+    return make_upstream(tmp_path_factory.mktemp("synthetic"))
+
+
+@pytest.fixture
+def index(upstream: Upstream):
+    with IndexServer(upstream.repo.parent / "dist") as srv:
+        yield srv
+
+
+def unified(path: str, old: str, new: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path}",
+        )
+    )
+
+
+FIXED_CONNECTOR_SNIPPET = (
+    "        self._block_size = cache_config.block_size\n",
+    "        # Use the hidden-states group's own block size.\n"
+    "        self._block_size = getattr(cache_config, 'group_block_size', cache_config.block_size)\n",
+)
+
+OVERLAY_TOML = '''\
+# One [[change]] per fix we carry on top of upstream vLLM.
+[[change]]
+id = "group-block-size"
+title = "Read the hidden-states block size from its own group"
+why = """Synthetic stand-in for the hybrid hidden-states fix."""
+origin = "https://github.com/vllm-project/vllm/pull/46301"
+origin_kind = "backport"
+bugs = ["https://github.com/vllm-project/speculators/issues/613"]
+upstream_status = "merged; first released in 1.3.0"
+drop_when = "vllm>=1.3.0"
+files = [
+    "{connector}",
+    "{added}",
+]
+tests = ["{added}"]
+'''
+
+ADDED_TEST_BODY = '''\
+def test_group_block_size():
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        Connector,
+    )
+
+    class C:
+        block_size = 528
+        group_block_size = 22
+
+    assert Connector(C()).slots([1])[0] == 22
+'''
+
+
+@dataclass
+class Proj:
+    root: Path
+    upstream: Upstream
+    index: IndexServer
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "upstream.lock"
+
+    @property
+    def overlay(self) -> Path:
+        return self.root / "overlay"
+
+    def pin(self, version: str = "1.0.0") -> Result:
+        commit = self.upstream.releases[version].commit
+        return run_cli(
+            "lock", "--version", version, "--commit", commit, "--index-url", self.index.url,
+            cwd=self.root,
+        )  # fmt: skip
+
+
+def write_overlay(root: Path, version: str = "1.0.0") -> None:
+    ov = root / "overlay"
+    (ov / CONNECTOR).parent.mkdir(parents=True, exist_ok=True)
+    (ov / ADDED_TEST).parent.mkdir(parents=True, exist_ok=True)
+    (ov / "overlay.toml").write_text(OVERLAY_TOML.format(connector=CONNECTOR, added=ADDED_TEST))
+    old = release_files(version)[CONNECTOR]
+    new = old.replace(*FIXED_CONNECTOR_SNIPPET)
+    assert new != old
+    (ov / (CONNECTOR + ".patch")).write_text(unified(CONNECTOR, old, new))
+    (ov / ADDED_TEST).write_text(ADDED_TEST_BODY)
+
+
+@pytest.fixture
+def project(tmp_path: Path, upstream: Upstream, index: IndexServer) -> Proj:
+    """An overlay project with one change (a patch and an added test) pinned to 1.0.0."""
+    root = tmp_path / "project"
+    root.mkdir()
+    write_overlay(root)
+    p = Proj(root=root, upstream=upstream, index=index)
+    res = p.pin("1.0.0")
+    assert res.rc == 0, res.err
+    return p
+
+
+def git_out(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def tree_snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root (including .git internals) -> bytes: to prove nothing changed."""
+    snap = {}
+    if not root.exists():
+        return snap
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = Path(dirpath) / f
+            if p.is_symlink():
+                snap[str(p.relative_to(root))] = b"->" + os.readlink(p).encode()
+            else:
+                snap[str(p.relative_to(root))] = p.read_bytes()
+    return snap
