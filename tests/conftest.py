@@ -7,6 +7,7 @@ import contextlib
 import difflib
 import io
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -180,6 +181,9 @@ def project(tmp_path: Path, upstream: Upstream, index: IndexServer) -> Proj:
     p = Proj(root=root, upstream=upstream, index=index)
     res = p.pin("1.0.0")
     assert res.rc == 0, res.err
+    # Start every test from an empty cache and a fresh request log.
+    shutil.rmtree(os.environ["VLLM_OVERLAY_CACHE"])
+    index.requests.clear()
     return p
 
 

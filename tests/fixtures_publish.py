@@ -7,17 +7,23 @@ directories the tests pass in.
 from __future__ import annotations
 
 import base64
+import ctypes
+import functools
 import hashlib
+import http.server
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 PY = sys.executable
@@ -151,7 +157,7 @@ class Server:
     def __init__(self, argv: Sequence[str], url: str, log: Path, env: Mapping[str, str]) -> None:
         self.url = url
         self.log = log
-        self._log_file = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self._log_file = open(log, "wb")  # closed in stop()
         self.proc = subprocess.Popen(
             list(argv),
             stdout=self._log_file,
@@ -191,9 +197,7 @@ class Server:
         self._log_file.close()
 
 
-def start_pypiserver(
-    packages: Path, htpasswd: Path, log: Path, env: Mapping[str, str]
-) -> Server:
+def start_pypiserver(packages: Path, htpasswd: Path, log: Path, env: Mapping[str, str]) -> Server:
     """pypiserver with authenticated uploads and no fallback to any public index."""
     port = free_port()
     argv = [PY, "-m", "pypiserver", "run", "-p", str(port), "-i", "127.0.0.1"]
@@ -215,8 +219,115 @@ def start_http_server(directory: Path, log: Path, env: Mapping[str, str]) -> Ser
 
 
 def write_htpasswd(path: Path, user: str, password: str) -> None:
-    from passlib.apache import HtpasswdFile
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # passlib imports crypt
+        from passlib.apache import HtpasswdFile
 
     ht = HtpasswdFile(str(path), new=True)
     ht.set_password(user, password)
     ht.save()
+
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+
+
+class _NegotiatingHandler(http.server.SimpleHTTPRequestHandler):
+    """What docs/publishing.md asks of a web server: a directory request whose Accept header
+    names the PEP 691 JSON type gets that directory's index.json, served with that type."""
+
+    served: list[tuple[str, str]]  # (request path, file sent), set per server
+
+    def translate_path(self, path: str) -> str:
+        local = super().translate_path(path)
+        accept = self.headers.get("Accept", "")
+        if os.path.isdir(local) and JSON_TYPE in accept:
+            candidate = os.path.join(local, "index.json")
+            if os.path.isfile(candidate):
+                local = candidate
+        self.served.append((path, os.path.basename(local)))
+        return local
+
+    def guess_type(self, path: str | os.PathLike[str]) -> str:
+        if os.fspath(path).endswith(os.sep + "index.json"):
+            return JSON_TYPE
+        return super().guess_type(path)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def negotiating_server(directory: Path) -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    """A content-negotiating static server on 127.0.0.1 in a thread: (base URL, log)."""
+    served: list[tuple[str, str]] = []
+    handler = type("Handler", (_NegotiatingHandler,), {"served": served})
+    factory = functools.partial(handler, directory=str(directory))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), factory)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/", served
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
+
+
+def _drop_dac_capabilities() -> None:
+    """preexec_fn for root: the program exec'd next lacks CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH, so it obeys file modes like any user (needs CAP_SETPCAP)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_capbset_drop, cap_dac_override, cap_dac_read_search = 24, 1, 2
+    for cap in (cap_dac_override, cap_dac_read_search):
+        if libc.prctl(pr_capbset_drop, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def obeying_modes() -> Callable[[], None] | None:
+    """The preexec_fn that makes a child process unable to ignore a read-only mode."""
+    return _drop_dac_capabilities if os.geteuid() == 0 else None
+
+
+def run_publish_cli(
+    args: Sequence[str | os.PathLike[str]], env: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``python -m vllm_overlay publish ARGS`` as a process that obeys file modes."""
+    return subprocess.run(
+        [PY, "-m", "vllm_overlay", "publish", *map(str, args)],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=obeying_modes(),  # fine: the test process forks from one thread
+        timeout=120,
+    )
+
+
+@contextmanager
+def read_only(directory: Path, env: Mapping[str, str]) -> Iterator[bool]:
+    """chmod 555 ``directory``; yields whether a process from ``run_publish_cli`` really
+    cannot add to it (False only where root cannot drop CAP_DAC_OVERRIDE)."""
+    directory.chmod(0o555)
+    probe = directory / ".probe"
+    try:
+        try:
+            touched = (
+                subprocess.run(
+                    [
+                        PY,
+                        "-c",
+                        "import pathlib, sys; pathlib.Path(sys.argv[1]).touch()",
+                        str(probe),
+                    ],
+                    env=dict(env),
+                    capture_output=True,
+                    preexec_fn=obeying_modes(),
+                ).returncode
+                == 0
+            )
+        except subprocess.SubprocessError:  # prctl refused: no CAP_SETPCAP
+            touched = True
+        yield not touched
+    finally:
+        directory.chmod(0o755)
+        probe.unlink(missing_ok=True)

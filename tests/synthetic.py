@@ -45,7 +45,7 @@ class Connector:
         return "NHD"
 '''
 
-_EXTRACT_V1 = '''\
+_EXTRACT_V1 = """\
 # SPDX-License-Identifier: Apache-2.0
 
 
@@ -53,9 +53,9 @@ def basic_cache(to_cache, kv_cache, slot_mapping):
     block_size = len(kv_cache[0])
     for value, slot in zip(to_cache, slot_mapping):
         kv_cache[slot // block_size][slot % block_size] = value
-'''
+"""
 
-_UNIT_TEST = '''\
+_UNIT_TEST = """\
 def test_layout():
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         Connector,
@@ -65,7 +65,7 @@ def test_layout():
         block_size = 4
 
     assert Connector(C()).layout() == "NHD"
-'''
+"""
 
 
 def release_files(version: str) -> dict[str, str]:
@@ -88,7 +88,10 @@ def release_files(version: str) -> dict[str, str]:
             '"""Synthetic stand-in for the hidden-states connector."""\n',
             '"""Synthetic stand-in for the hidden-states connector.\n\nNow with more docs.\n"""\n'
             "\nimport os  # noqa: F401\n",
-        ).replace('        return "NHD"\n', '        # NHD keeps each token together.\n        return "NHD"\n')
+        ).replace(
+            '        return "NHD"\n',
+            '        # NHD keeps each token together.\n        return "NHD"\n',
+        )
     if version >= "1.2.0":
         files[CONNECTOR] = files[CONNECTOR].replace(
             "        self._block_size = cache_config.block_size\n",
@@ -210,7 +213,11 @@ def make_upstream(root: Path, versions: tuple[str, ...] = ("1.0.0", "1.1.0", "1.
         _git(repo, "commit", "-q", "-m", f"release {v}")
         _git(repo, "tag", f"v{v}")
         commit = _git(repo, "rev-parse", "HEAD")
-        released = {**files, "vllm/_version.py": _version_py(v, commit), "PKG-INFO": f"Version: {v}\n"}
+        released = {
+            **files,
+            "vllm/_version.py": _version_py(v, commit),
+            "PKG-INFO": f"Version: {v}\n",
+        }
         up.releases[v] = Release(
             version=v,
             commit=commit,

@@ -1,0 +1,82 @@
+# Everyday verbs. Each bootstraps the tool's own virtualenv (.venv) on first use; a machine
+# needs only git and python3. Downloads are cached under ~/.cache/vllm-overlay.
+
+PYTHON ?= python3
+VENV   ?= .venv
+VO     := $(VENV)/bin/vllm-overlay
+STAMP  := $(VENV)/.installed
+OUT    ?= dist
+INDEX  ?=
+TO     ?=
+PYTEST_ARGS ?=
+
+.PHONY: help venv build-wheel test test-unit test-upstream lint apply fetch edit export \
+        check-overlay status publish rebase bench clean
+
+help:
+	@echo "make build-wheel    build dist/vllm-<release>+<overlay>-….whl (strategy auto) and verify it"
+	@echo "make test           lint, overlay checks, and the tool's tests (network-marked ones too)"
+	@echo "make test-unit      the tool's tests without network-marked ones"
+	@echo "make test-upstream  vLLM's kv_connector suite: patched tree vs pristine baseline"
+	@echo "make apply          the patched checkout in .work/vllm"
+	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
+	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
+	@echo "make rebase TO=VERSION       move the overlay to a new vLLM release"
+	@echo "make bench          repack benchmark on the real wheel"
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $@
+
+venv: $(STAMP)
+
+build-wheel: $(STAMP)
+	$(VO) build --strategy auto --out $(OUT)
+
+test: lint check-overlay
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(VENV)/bin/python -m pytest -m 'not network' $(PYTEST_ARGS)
+
+test-upstream: $(STAMP)
+	$(VO) suite
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tools tests bench
+	$(VENV)/bin/ruff format --check tools tests bench
+	$(VENV)/bin/pre-commit validate-config
+
+check-overlay: $(STAMP)
+	$(VO) lock --check
+	$(VO) export --check
+
+fetch: $(STAMP)
+	$(VO) fetch
+
+apply: $(STAMP)
+	$(VO) apply
+
+edit: $(STAMP)
+	$(VO) edit
+
+export: $(STAMP)
+	$(VO) export
+
+status: $(STAMP)
+	$(VO) status
+
+publish: $(STAMP)
+	@test -n "$(INDEX)" || { echo "usage: make publish INDEX=DIR|URL"; exit 2; }
+	$(VO) publish $(OUT)/*.whl --to $(INDEX)
+
+rebase: $(STAMP)
+	@test -n "$(TO)" || { echo "usage: make rebase TO=VERSION"; exit 2; }
+	$(VO) rebase --to $(TO)
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/bench_repack.py
+
+clean:
+	rm -rf .work $(OUT)

@@ -1,0 +1,99 @@
+"""overlay/overlay.toml validation: every bad key gets a message that points at it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_overlay.errors import OverlayConfigError, UnsafePathError
+from vllm_overlay.overlay import load_overlay, overlay_digest, parse_overlay
+
+GOOD = """\
+revision = 3
+
+[[change]]
+id = "fix-one"
+title = "One"
+why = "because"
+origin = "https://github.com/vllm-project/vllm/pull/1"
+upstream_status = "open"
+drop_when = "vllm>=0.25.0"
+files = ["vllm/a.py", "tests/test_a.py"]
+tests = ["tests/test_a.py::test_x"]
+"""
+
+
+def parse(text: str):
+    return parse_overlay(text, Path("/p/overlay"))
+
+
+def test_good_config():
+    ov = parse(GOOD)
+    assert ov.revision == 3
+    (c,) = ov.changes
+    assert c.files == ("vllm/a.py", "tests/test_a.py")
+    assert c.dropped_by("vllm", "0.25.0") and c.dropped_by("vllm", "0.33.0")
+    assert not c.dropped_by("vllm", "0.24.0")
+    assert ov.owner("vllm/a.py") is c and ov.owner("vllm/b.py") is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace('id = "fix-one"\n', ""), "[[change]] #1: missing key(s) ['id']"),
+        (lambda t: t.replace('why = "because"\n', ""), "change 'fix-one': missing key(s) ['why']"),
+        (lambda t: t.replace('"fix-one"', '"Fix_One"'), "`id` must be kebab-case"),
+        (lambda t: t.replace('drop_when = "vllm>=0.25.0"', 'drop_when = "vllm>>1"'), "`drop_when`"),
+        (lambda t: t.replace('drop_when = "vllm>=0.25.0"', 'drop_when = "soon"'), "expected a project and a version specifier"),
+        (lambda t: t.replace('origin = "https', 'origin = "ftp'), "`origin` must be a URL"),
+        (lambda t: t + 'colour = "blue"\n', "unknown key(s) ['colour']"),
+        (lambda t: "nonsense = 1\n" + t, "unknown top-level key(s) ['nonsense']"),
+        (lambda t: t.replace("revision = 3", "revision = 0"), "`revision` must be a positive integer"),
+        (lambda t: t.replace('files = ["vllm/a.py", "tests/test_a.py"]', "files = []"), "`files` is empty"),
+        (lambda t: t.replace('files = ["vllm/a.py", "tests/test_a.py"]', 'files = "vllm/a.py"'), "`files`: expected a list of strings"),
+        (lambda t: t.replace('title = "One"', "title = 1"), "`title` must be a non-empty string"),
+        (lambda t: t + t.split("\n\n", 1)[1], "duplicate `id` 'fix-one'"),
+        (lambda t: t + t.split("\n\n", 1)[1].replace("fix-one", "fix-two"), "which change 'fix-one' already owns"),
+        (lambda t: t.replace("[[change]]", "[change]"), "`change` must be an array of tables"),
+        (lambda t: t + "[[change\n", "is not valid TOML"),
+    ],
+)
+def test_bad_config_points_at_the_key(edit, message):
+    with pytest.raises(OverlayConfigError) as e:
+        parse(edit(GOOD))
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("bad", ["/abs/a.py", "../a.py", "vllm/../a.py", "vllm/./a.py", ".git/config", "a\\\\b.py"])
+def test_bad_paths(bad):
+    with pytest.raises(UnsafePathError):
+        parse(GOOD.replace('"vllm/a.py"', f'"{bad}"'))
+
+
+def test_missing_config(tmp_path):
+    with pytest.raises(OverlayConfigError, match="does not exist"):
+        load_overlay(tmp_path / "overlay")
+
+
+def test_dropped_history_needs_its_keys():
+    with pytest.raises(OverlayConfigError, match=r"\[\[dropped\]\] #1: missing key\(s\) \['reason'\]"):
+        parse(GOOD + '\n[[dropped]]\nid = "old"\ndropped_in = "0.25.0"\n')
+    ov = parse(GOOD + '\n[[dropped]]\nid = "old"\ndropped_in = "0.25.0"\nreason = "merged"\n')
+    assert ov.history[0]["id"] == "old"
+
+
+def test_digest_follows_content(tmp_path):
+    d = tmp_path / "overlay"
+    (d / "vllm").mkdir(parents=True)
+    (d / "overlay.toml").write_text(GOOD)
+    (d / "vllm" / "a.py.patch").write_text("x")
+    one = overlay_digest(d)
+    assert overlay_digest(d) == one
+    (d / "vllm" / "a.py.patch").write_text("y")
+    assert overlay_digest(d) != one
+    (d / "vllm" / "a.py.patch").write_text("x")
+    assert overlay_digest(d) == one
+    (d / "vllm" / "__pycache__").mkdir()
+    (d / "vllm" / "__pycache__" / "junk.pyc").write_bytes(b"1")
+    assert overlay_digest(d) == one

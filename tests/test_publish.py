@@ -1,0 +1,619 @@
+"""vllm-overlay publish: a static index served by http.server and a real pypiserver, both on
+127.0.0.1, read back by the real pip. No mocks; nothing is written outside tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fixtures_publish import (
+    PY,
+    REAL_TAG,
+    REAL_TAG_PIP_OPTIONS,
+    Server,
+    clean_env,
+    free_port,
+    make_wheel,
+    negotiating_server,
+    pip,
+    read_only,
+    run_publish_cli,
+    sha256_of,
+    start_http_server,
+    start_pypiserver,
+    write_htpasswd,
+)
+from vllm_overlay.errors import CommandError
+from vllm_overlay.main import main
+from vllm_overlay.upload import ServerIndex, published_files
+from vllm_overlay.util import exclusive_lock
+
+USER = "uploader"
+PASSWORD = "pw-Zq8x-s3cr3t"  # distinctive, so a leak into any output is easy to spot
+PY3_WHEEL = "vllm-0.24.0+ovl.1.abc-py3-none-any.whl"
+ABI3_WHEEL = f"vllm-0.24.0+ovl.1.abc-{REAL_TAG}.whl"
+REAL_WHEEL = os.environ.get("VLLM_OVERLAY_REAL_WHEEL")
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def publish_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Every test (and every subprocess it starts) gets a HOME, caches and pip config
+    inside tmp_path, no proxies and no index or credential variables from outside."""
+    env = clean_env(tmp_path / "home")
+    for key in list(os.environ):
+        if key not in env:
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@dataclass(frozen=True)
+class CliResult:
+    rc: int
+    out: str
+    err: str
+
+    @property
+    def all(self) -> str:
+        return self.out + self.err
+
+
+@pytest.fixture
+def publish_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
+    """Run ``vllm-overlay publish ARGS`` in-process (twine still runs as a subprocess)."""
+
+    def run(*args: str | os.PathLike[str]) -> CliResult:
+        capsys.readouterr()
+        rc = main(["publish", *map(str, args)])
+        captured = capsys.readouterr()
+        return CliResult(rc, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def wheels(tmp_path: Path) -> Path:
+    return tmp_path / "wheels"
+
+
+@pytest.fixture
+def serve(tmp_path: Path, publish_env: dict[str, str]) -> Iterator[Callable[[Path], Server]]:
+    """Start ``python -m http.server`` over a directory; stopped at teardown."""
+    servers: list[Server] = []
+
+    def start(directory: Path) -> Server:
+        log = tmp_path / f"http-{len(servers)}.log"
+        servers.append(start_http_server(directory, log, publish_env))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+@dataclass(frozen=True)
+class PyPI:
+    server: Server
+    url: str
+    packages: Path
+
+
+@pytest.fixture(scope="module")
+def pypi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PyPI]:
+    """One pypiserver for the module: uploads need USER/PASSWORD, downloads are open, and
+    it never falls back to a public index. Tests use distinct versions."""
+    root = tmp_path_factory.mktemp("pypiserver")
+    packages = root / "packages"
+    packages.mkdir()
+    write_htpasswd(root / "htpasswd", USER, PASSWORD)
+    env = clean_env(root / "home")
+    server = start_pypiserver(packages, root / "htpasswd", root / "server.log", env)
+    try:
+        yield PyPI(server, server.url, packages)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_OVERLAY_INDEX_USERNAME", USER)
+    monkeypatch.setenv("VLLM_OVERLAY_INDEX_PASSWORD", PASSWORD)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes (the lock file is empty by design)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def pip_download(
+    env: dict[str, str], index_url: str, req: str, dest: Path, *options: str
+) -> subprocess.CompletedProcess[str]:
+    args = ["download", "--no-deps", "--index-url", index_url, "-d", str(dest), *options, req]
+    return pip(args, env)
+
+
+# --------------------------------------------------------------------------- static index
+
+
+def test_static_index_pip_resolves_and_uses_metadata_file(
+    tmp_path: Path, wheels: Path, publish_cli, serve, publish_env: dict[str, str]
+) -> None:
+    wheel = make_wheel(wheels)
+    index = tmp_path / "index"
+    r = publish_cli(wheel, "--to", index)
+    assert r.rc == 0, r.err
+    assert r.out.splitlines() == [
+        f"published {PY3_WHEEL} (new file)",
+        f"1 published, 0 skipped: {index}",
+    ]
+    server = serve(index)
+    simple = f"{server.url}simple/"
+
+    # Resolution alone must read the PEP 658 file and never fetch the wheel.
+    report = tmp_path / "report.json"
+    dry = pip(
+        ["install", "--dry-run", "--ignore-installed", "--no-deps", "--report", str(report)]
+        + ["--index-url", simple, "vllm==0.24.0"],
+        publish_env,
+    )
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    (item,) = json.loads(report.read_text())["install"]
+    assert item["metadata"]["version"] == "0.24.0+ovl.1.abc"
+    assert item["download_info"]["archive_info"]["hashes"]["sha256"] == sha256_of(wheel)
+    log = server.log_text()
+    assert "GET /packages/vllm-0.24.0%2Bovl.1.abc-py3-none-any.whl.metadata " in log
+    assert "GET /packages/vllm-0.24.0%2Bovl.1.abc-py3-none-any.whl " not in log
+
+    got = pip_download(publish_env, simple, "vllm==0.24.0", tmp_path / "dl")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert sha256_of(tmp_path / "dl" / PY3_WHEEL) == sha256_of(wheel)
+
+
+def test_static_index_serves_the_manylinux_abi3_wheel(
+    tmp_path: Path, wheels: Path, publish_cli, serve, publish_env: dict[str, str]
+) -> None:
+    wheel = make_wheel(wheels, tag=REAL_TAG)
+    index = tmp_path / "index"
+    assert publish_cli(wheel, "--to", f"file://{index}").rc == 0
+    server = serve(index)
+    got = pip_download(
+        publish_env, f"{server.url}simple/", "vllm==0.24.0", tmp_path / "dl", *REAL_TAG_PIP_OPTIONS
+    )
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert sha256_of(tmp_path / "dl" / ABI3_WHEEL) == sha256_of(wheel)
+
+
+def test_static_index_works_as_a_file_url_and_honours_requires_python(
+    tmp_path: Path, wheels: Path, publish_cli, publish_env: dict[str, str]
+) -> None:
+    index = tmp_path / "index"
+    ok = make_wheel(wheels)
+    too_old = make_wheel(wheels, name="oldpkg", version="1.0", requires_python="<3.5")
+    assert publish_cli(ok, too_old, "--to", index).rc == 0
+    simple = f"file://{index}/simple/"
+    got = pip_download(publish_env, simple, "vllm==0.24.0", tmp_path / "dl")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert sha256_of(tmp_path / "dl" / PY3_WHEEL) == sha256_of(ok)
+    # pip reads the HTML-escaped data-requires-python="&lt;3.5" and skips the file.
+    got = pip_download(publish_env, simple, "oldpkg==1.0", tmp_path / "dl")
+    assert got.returncode != 0
+    assert "Requires-Python <3.5" in got.stdout + got.stderr
+
+
+def test_static_index_tampered_wheel_fails_pips_hash_check(
+    tmp_path: Path, wheels: Path, publish_cli, serve, publish_env: dict[str, str]
+) -> None:
+    wheel = make_wheel(wheels)
+    index = tmp_path / "index"
+    assert publish_cli(wheel, "--to", index).rc == 0
+    published = index / "packages" / PY3_WHEEL
+    published.write_bytes(make_wheel(tmp_path / "evil", payload="evil = 1\n").read_bytes())
+    server = serve(index)
+    got = pip_download(publish_env, f"{server.url}simple/", "vllm==0.24.0", tmp_path / "dl")
+    assert got.returncode != 0
+    assert "HASH" in got.stderr.upper(), got.stderr
+    assert not (tmp_path / "dl" / PY3_WHEEL).exists()
+
+
+def test_static_index_pages_carry_pep_503_658_691_700_714(
+    tmp_path: Path, wheels: Path, publish_cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    wheel = make_wheel(wheels)
+    index = tmp_path / "index"
+    assert publish_cli(wheel, "--to", index).rc == 0
+    with zipfile.ZipFile(wheel) as zf:
+        metadata = zf.read("vllm-0.24.0+ovl.1.abc.dist-info/METADATA")
+    metadata_file = index / "packages" / f"{PY3_WHEEL}.metadata"
+    assert metadata_file.read_bytes() == metadata
+    meta_hash = sha256_of(metadata_file)
+
+    page = (index / "simple" / "vllm" / "index.html").read_text()
+    href = f"../../packages/vllm-0.24.0%2Bovl.1.abc-py3-none-any.whl#sha256={sha256_of(wheel)}"
+    assert f'href="{href}"' in page
+    assert 'data-requires-python="&gt;=3.10"' in page
+    assert f'data-core-metadata="sha256={meta_hash}"' in page
+    assert f'data-dist-info-metadata="sha256={meta_hash}"' in page
+    assert '<a href="vllm/">vllm</a>' in (index / "simple" / "index.html").read_text()
+
+    root = json.loads((index / "simple" / "index.json").read_text())
+    assert root == {"meta": {"api-version": "1.1"}, "projects": [{"name": "vllm"}]}
+    doc = json.loads((index / "simple" / "vllm" / "index.json").read_text())
+    assert doc["meta"]["api-version"] == "1.1"
+    assert doc["name"] == "vllm"
+    assert doc["versions"] == ["0.24.0+ovl.1.abc"]
+    (f,) = doc["files"]
+    assert f["filename"] == PY3_WHEEL
+    assert f["hashes"] == {"sha256": sha256_of(wheel)}
+    assert f["size"] == wheel.stat().st_size
+    assert f["upload-time"] == "2023-11-14T22:13:20Z"
+    assert f["requires-python"] == ">=3.10"
+    assert f["core-metadata"] == f["dist-info-metadata"] == {"sha256": meta_hash}
+    assert (index / "simple" / "vllm" / f["url"].replace("%2B", "+")).resolve() == (
+        index / "packages" / PY3_WHEEL
+    ).resolve()
+
+
+def test_static_index_json_pages_work_through_content_negotiation(
+    tmp_path: Path, wheels: Path, publish_cli, publish_env: dict[str, str]
+) -> None:
+    """Served as docs/publishing.md says, pip gets (and uses) the PEP 691 JSON pages, and
+    the server-mode reader parses them."""
+    wheel = make_wheel(wheels, tag=REAL_TAG)
+    index = tmp_path / "index"
+    assert publish_cli(wheel, "--to", index).rc == 0
+    with negotiating_server(index) as (url, served):
+        got = pip_download(
+            publish_env, f"{url}simple/", "vllm==0.24.0", tmp_path / "dl", *REAL_TAG_PIP_OPTIONS
+        )
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert ("/simple/vllm/", "index.json") in served
+        listed = published_files(ServerIndex(url, f"{url}simple/"), "vllm")
+    assert sha256_of(tmp_path / "dl" / ABI3_WHEEL) == sha256_of(wheel)
+    assert listed == {
+        ABI3_WHEEL: (
+            f"{url}packages/vllm-0.24.0%2Bovl.1.abc-{REAL_TAG}.whl",
+            sha256_of(wheel),
+        )
+    }
+
+
+def test_static_index_adding_a_version_keeps_the_first_and_its_upload_time(
+    tmp_path: Path, wheels: Path, publish_cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = tmp_path / "index"
+    first = make_wheel(wheels)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1000000000")
+    assert publish_cli(first, "--to", index).rc == 0
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "2000000000")
+    second = make_wheel(wheels, version="0.24.0+ovl.2.def")
+    r = publish_cli(first, second, "--to", index)
+    assert r.rc == 0, r.err
+    assert r.out.splitlines()[-1] == f"1 published, 1 skipped: {index}"
+    assert (index / "packages" / first.name).read_bytes() == first.read_bytes()
+    doc = json.loads((index / "simple" / "vllm" / "index.json").read_text())
+    assert doc["versions"] == ["0.24.0+ovl.1.abc", "0.24.0+ovl.2.def"]
+    times = {f["filename"]: f["upload-time"] for f in doc["files"]}
+    assert times == {first.name: "2001-09-09T01:46:40Z", second.name: "2033-05-18T03:33:20Z"}
+
+
+def test_static_index_same_file_again_is_a_no_op(tmp_path: Path, wheels: Path, publish_cli) -> None:
+    wheel = make_wheel(wheels)
+    index = tmp_path / "index"
+    assert publish_cli(wheel, "--to", index).rc == 0
+    before = {p: p.stat().st_mtime_ns for p in index.rglob("*")}
+    r = publish_cli(wheel, "--to", index)
+    assert r.rc == 0, r.err
+    assert r.out.splitlines() == [
+        f"skipped {PY3_WHEEL} (already published, same sha256)",
+        f"0 published, 1 skipped: {index}",
+    ]
+    assert {p: p.stat().st_mtime_ns for p in index.rglob("*")} == before
+
+
+def test_static_index_never_overwrites_a_published_file(
+    tmp_path: Path, wheels: Path, publish_cli
+) -> None:
+    index = tmp_path / "index"
+    assert publish_cli(make_wheel(wheels), "--to", index).rc == 0
+    before = tree(index)
+    other = make_wheel(tmp_path / "rebuilt", payload="changed = True\n")
+    assert other.name == PY3_WHEEL
+    r = publish_cli(other, "--to", index)
+    assert r.rc == 1
+    assert f"{PY3_WHEEL} is already published with sha256" in r.err
+    assert "never overwritten" in r.err
+    assert tree(index) == before
+
+
+def test_static_index_is_deterministic(
+    tmp_path: Path, wheels: Path, publish_cli, monkeypatch
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    a = make_wheel(wheels)
+    b = make_wheel(wheels, tag=REAL_TAG)
+    c = make_wheel(wheels, name="vllm_extras", version="1.0")
+    assert publish_cli(a, b, c, "--to", tmp_path / "one").rc == 0
+    assert publish_cli(c, "--to", tmp_path / "two").rc == 0
+    assert publish_cli(b, a, "--to", tmp_path / "two").rc == 0
+    one, two = tree(tmp_path / "one"), tree(tmp_path / "two")
+    assert one == two
+    assert "simple/vllm-extras/index.json" in one
+
+
+def test_static_index_normalises_project_names(
+    tmp_path: Path, wheels: Path, publish_cli, serve, publish_env: dict[str, str]
+) -> None:
+    wheel = make_wheel(wheels, name="Foo_Bar.baz", version="1.0", requires_python=None)
+    index = tmp_path / "index"
+    assert publish_cli(wheel, "--to", index).rc == 0
+    assert (index / "simple" / "foo-bar-baz" / "index.html").is_file()
+    assert (
+        "data-requires-python" not in (index / "simple" / "foo-bar-baz" / "index.html").read_text()
+    )
+    server = serve(index)
+    got = pip_download(publish_env, f"{server.url}simple/", "FOO.bar-BAZ==1.0", tmp_path / "dl")
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def test_static_index_is_locked_while_publishing(tmp_path: Path, wheels: Path, publish_cli) -> None:
+    index = tmp_path / "index"
+    index.mkdir()
+    with exclusive_lock(index / ".vllm-overlay-index.lock", "test"):
+        r = publish_cli(make_wheel(wheels), "--to", index)
+    assert r.rc == 1
+    assert "another vllm-overlay process is using the index" in r.err
+    assert not (index / "packages").exists()
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_wheels_are_refused_before_anything_is_written(
+    tmp_path: Path, wheels: Path, publish_cli
+) -> None:
+    index = tmp_path / "index"
+    good = make_wheel(wheels)
+    text = wheels / "notes.txt"
+    text.write_text("not a wheel\n")
+    not_zip = wheels / "vllm-0.24.0-py3-none-any.whl"
+    not_zip.write_bytes(b"this is not a zip archive")
+    renamed = wheels / "renamed" / "vllm-0.24.1-py3-none-any.whl"
+    renamed.parent.mkdir()
+    shutil.copy(good, renamed)
+    wrong_name = make_wheel(wheels / "name", metadata_name="vllm-fork")
+    corrupt = make_wheel(wheels / "crc", stored=True)
+    corrupt.write_bytes(corrupt.read_bytes().replace(b"__version__", b"__VERSION__"))
+    cases = {
+        text: "is not a wheel",
+        not_zip: "is not a readable wheel (zip archive)",
+        renamed: "does not match its METADATA: the file name says vllm 0.24.1",
+        wrong_name: "METADATA says vllm-fork 0.24.0+ovl.1.abc",
+        corrupt: "fails its CRC check",
+        wheels / "missing.whl": "no such file",
+    }
+    for path, message in cases.items():
+        r = publish_cli(good, path, "--to", index)
+        assert r.rc == 1, path
+        assert message in r.err, r.err
+        assert "Traceback" not in r.err
+    assert not index.exists()
+
+
+def test_index_path_under_a_regular_file_fails_cleanly(
+    tmp_path: Path, wheels: Path, publish_cli
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = publish_cli(make_wheel(wheels), "--to", blocker / "index")
+    assert r.rc == 1
+    assert f"cannot write to the index directory {blocker / 'index'}" in r.err
+    r = publish_cli(make_wheel(wheels), "--to", blocker)
+    assert r.rc == 1
+    assert "exists and is not a directory" in r.err
+
+
+def test_read_only_index_directory_is_left_untouched(
+    tmp_path: Path, wheels: Path, publish_cli, publish_env: dict[str, str]
+) -> None:
+    """As root (CI) the publisher runs without CAP_DAC_OVERRIDE, so a 555 mode holds."""
+    index = tmp_path / "index"
+    assert publish_cli(make_wheel(wheels), "--to", index).rc == 0
+    before = tree(index)
+    second = make_wheel(wheels, version="0.24.0+ovl.2.def")
+    with read_only(index, publish_env) as enforced:
+        if not enforced:
+            pytest.skip("root here cannot drop CAP_DAC_OVERRIDE, so no directory is read-only")
+        r = run_publish_cli([second, "--to", index], publish_env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"cannot write to the index directory {index}" in r.stderr
+    assert "the index was left as it was" in r.stderr
+    assert tree(index) == before  # no wheel, metadata or temporary file left behind
+
+    parent = tmp_path / "read-only-parent"
+    parent.mkdir()
+    with read_only(parent, publish_env):
+        r = run_publish_cli([second, "--to", parent / "new-index"], publish_env)
+    assert r.returncode == 1
+    assert f"cannot write to the index directory {parent / 'new-index'}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert list(parent.iterdir()) == []
+
+
+def test_unsupported_destination_is_a_usage_error(wheels: Path, publish_cli) -> None:
+    r = publish_cli(make_wheel(wheels), "--to", "s3://bucket/pypi")
+    assert r.rc == 2
+    assert "publish to a directory and sync it" in r.err
+
+
+# --------------------------------------------------------------------------- server index
+
+
+def test_server_upload_then_pip_download_then_skip(
+    tmp_path: Path, wheels: Path, publish_cli, pypi: PyPI, credentials: None, publish_env
+) -> None:
+    py3 = make_wheel(wheels, version="0.24.0+ovl.10.a")
+    abi3 = make_wheel(wheels, version="0.24.0+ovl.10.a", tag=REAL_TAG)
+    r = publish_cli(py3, abi3, "--to", pypi.url)
+    assert r.rc == 0, r.err
+    assert r.out.splitlines() == [
+        f"published {py3.name} (uploaded)",
+        f"published {abi3.name} (uploaded)",
+        f"2 published, 0 skipped: {pypi.url}",
+    ]
+    got = pip_download(
+        publish_env,
+        f"{pypi.url}simple",
+        "vllm==0.24.0",
+        tmp_path / "dl",
+        *REAL_TAG_PIP_OPTIONS,
+    )
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert sha256_of(tmp_path / "dl" / abi3.name) == sha256_of(abi3)
+
+    r = publish_cli(py3, abi3, "--to", pypi.url, "--json")
+    assert r.rc == 0, r.err
+    doc = json.loads(r.out)
+    assert (doc["published"], doc["skipped"]) == (0, 2)
+    assert {f["detail"] for f in doc["files"]} == {"already on the server, same sha256"}
+    assert "uploading" not in r.err
+
+
+def test_server_refuses_other_bytes_under_a_published_name(
+    tmp_path: Path, wheels: Path, publish_cli, pypi: PyPI, credentials: None
+) -> None:
+    wheel = make_wheel(wheels, version="0.24.0+ovl.11.a")
+    assert publish_cli(wheel, "--to", pypi.url).rc == 0
+    other = make_wheel(tmp_path / "rebuilt", version="0.24.0+ovl.11.a", payload="x = 1\n")
+    r = publish_cli(other, "--to", pypi.url, "--simple-url", f"{pypi.url}simple")
+    assert r.rc == 1
+    assert f"{other.name} is already on {pypi.url}simple/ with sha256 {sha256_of(wheel)}" in r.err
+    assert (pypi.packages / wheel.name).read_bytes() == wheel.read_bytes()
+
+
+def test_server_wrong_or_missing_credentials(
+    wheels: Path, publish_cli, pypi: PyPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = make_wheel(wheels, version="0.24.0+ovl.12.a")
+    r = publish_cli(wheel, "--to", pypi.url)
+    assert r.rc == 1
+    assert f"no credentials for {pypi.url}" in r.err
+    monkeypatch.setenv("TWINE_USERNAME", USER)
+    monkeypatch.setenv("TWINE_PASSWORD", "not-the-password")
+    r = publish_cli(wheel, "--to", pypi.url)
+    assert r.rc == 1
+    assert "(HTTP 401/403): the credentials are wrong" in r.err
+    assert "VLLM_OVERLAY_INDEX_PASSWORD" in r.err
+    assert "not-the-password" not in r.all
+    assert not (pypi.packages / wheel.name).exists()
+
+
+def test_server_unreachable_names_the_url_without_credentials(wheels: Path, publish_cli) -> None:
+    port = free_port()
+    r = publish_cli(make_wheel(wheels), "--to", f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/")
+    assert r.rc == 1
+    assert f"cannot reach the index at http://127.0.0.1:{port}/simple/vllm/" in r.err
+    assert PASSWORD not in r.all and f"{USER}:" not in r.all
+
+
+def test_server_credentials_never_appear_in_output(
+    tmp_path: Path, wheels: Path, publish_cli, pypi: PyPI
+) -> None:
+    url = pypi.url.replace("http://", f"http://{USER}:{PASSWORD}@")
+    wheel = make_wheel(wheels, version="0.24.0+ovl.13.a")
+    runs = [
+        publish_cli(wheel, "--to", url),
+        publish_cli(wheel, "--to", url, "--json"),
+        publish_cli(
+            make_wheel(tmp_path / "b", version="0.24.0+ovl.13.a", payload="y=2\n"), "--to", url
+        ),
+        publish_cli(
+            make_wheel(wheels, version="0.24.0+ovl.14.a"), "--to", url.replace(PASSWORD, "bad")
+        ),
+    ]
+    assert [r.rc for r in runs] == [0, 0, 1, 1]
+    assert "published" in runs[0].out and pypi.url in runs[0].out
+    for r in runs:
+        assert PASSWORD not in r.all
+        assert f"{USER}:" not in r.all
+
+
+def test_redact_cleans_command_errors() -> None:
+    index = ServerIndex("http://127.0.0.1:1/", "http://127.0.0.1:1/simple/", USER, PASSWORD)
+    err = CommandError(
+        ("twine", "upload", f"https://{USER}:{PASSWORD}@pypi.internal.example/"),
+        1,
+        f"password was {PASSWORD}",
+        "see https://a:b@pypi.internal.example/simple/",
+    )
+    text = index.redact(str(err))
+    assert PASSWORD not in text and "a:b@" not in text
+    assert "https://****@pypi.internal.example/" in text
+
+
+def test_cli_runs_as_a_command(tmp_path: Path, wheels: Path, publish_env) -> None:
+    wheel = make_wheel(wheels)
+    ok = subprocess.run(
+        [PY, "-m", "vllm_overlay", "publish", str(wheel), "--to", str(tmp_path / "i")],
+        env=publish_env,
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines()[-1] == f"1 published, 0 skipped: {tmp_path / 'i'}"
+    bad = subprocess.run(
+        [PY, "-m", "vllm_overlay", "publish", str(wheel), "--to", str(wheel)],
+        env=publish_env,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("vllm-overlay publish: error: ")
+
+
+# --------------------------------------------------------------------------- the real wheel
+
+
+@pytest.mark.network
+@pytest.mark.skipif(
+    not REAL_WHEEL,
+    reason="set VLLM_OVERLAY_REAL_WHEEL to a built vllm-0.24.0+<label>-cp38-abi3-"
+    "manylinux_2_28_x86_64.whl (CI does after make build-wheel)",
+)
+def test_publish_real_wheel(
+    tmp_path: Path, publish_cli, serve, pypi: PyPI, credentials: None, publish_env
+) -> None:
+    wheel = Path(str(REAL_WHEEL))
+    assert wheel.name.startswith("vllm-0.24.0+") and wheel.name.endswith(f"-{REAL_TAG}.whl")
+    digest = sha256_of(wheel)
+    index = tmp_path / "index"
+    assert publish_cli(wheel, "--to", index).rc == 0
+    static = serve(index)
+    dest = tmp_path / "from-static"
+    got = pip_download(
+        publish_env, f"{static.url}simple/", "vllm==0.24.0", dest, *REAL_TAG_PIP_OPTIONS
+    )
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert sha256_of(dest / wheel.name) == digest
+
+    r = publish_cli(wheel, "--to", pypi.url)
+    assert r.rc == 0, r.err
+    # The module's server also holds the small test wheels, so pin the exact version.
+    exact = f"vllm=={wheel.name.split('-')[1]}"
+    dest = tmp_path / "from-server"
+    got = pip_download(publish_env, f"{pypi.url}simple/", exact, dest, *REAL_TAG_PIP_OPTIONS)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert sha256_of(dest / wheel.name) == digest
