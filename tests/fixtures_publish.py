@@ -112,7 +112,7 @@ def free_port() -> int:
 
 def clean_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for pip, twine and servers: no user config, cache, proxy or index."""
-    drop = ("PIP_", "UV_", "TWINE_", "VLLM_OVERLAY_", "PYTHONPATH")
+    drop = ("PIP_", "UV_", "TWINE_", "VLLM_OVERLAY_")
     env = {
         k: v
         for k, v in os.environ.items()

@@ -11,6 +11,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from fixtures_publish import (
@@ -339,6 +340,31 @@ def test_static_index_never_overwrites_a_published_file(
     assert tree(index) == before
 
 
+def test_static_index_recovers_from_an_interrupted_or_damaged_publish(
+    tmp_path: Path, wheels: Path, publish_cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = tmp_path / "index"
+    first = make_wheel(wheels)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1000000000")
+    assert publish_cli(first, "--to", index).rc == 0
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "2000000000")
+    (index / "packages" / first.name).unlink()  # lost from the web root
+    (index / "simple" / "index.html").unlink()
+    second = make_wheel(wheels, version="0.24.0+ovl.2.def")
+    shutil.copy(second, index / "packages" / second.name)  # a run killed before its record
+    r = publish_cli(first, second, "--to", index)
+    assert r.rc == 0, r.err
+    assert r.out.splitlines()[:2] == [
+        f"published {first.name} (restored a file missing from packages/)",
+        f"published {second.name} (recorded a file already in packages/)",
+    ]
+    assert (index / "packages" / first.name).read_bytes() == first.read_bytes()
+    assert (index / "simple" / "index.html").is_file()
+    doc = json.loads((index / "simple" / "vllm" / "index.json").read_text())
+    times = {f["filename"]: f["upload-time"] for f in doc["files"]}
+    assert times == {first.name: "2001-09-09T01:46:40Z", second.name: "2033-05-18T03:33:20Z"}
+
+
 def test_static_index_is_deterministic(
     tmp_path: Path, wheels: Path, publish_cli, monkeypatch
 ) -> None:
@@ -502,6 +528,29 @@ def test_server_refuses_other_bytes_under_a_published_name(
     assert r.rc == 1
     assert f"{other.name} is already on {pypi.url}simple/ with sha256 {sha256_of(wheel)}" in r.err
     assert (pypi.packages / wheel.name).read_bytes() == wheel.read_bytes()
+
+
+def test_server_page_without_hashes_is_compared_by_downloading(
+    tmp_path: Path, wheels: Path, publish_cli, serve
+) -> None:
+    """A simple page without #sha256= links: the listed file is fetched and hashed. Nothing
+    needs uploading here, so the upload URL (a closed port) is never contacted."""
+    wheel = make_wheel(wheels, version="0.24.0+ovl.15.a")
+    site = tmp_path / "site"
+    (site / "simple" / "vllm").mkdir(parents=True)
+    (site / "files").mkdir()
+    shutil.copy(wheel, site / "files" / wheel.name)
+    link = f'<a href="../../files/{quote(wheel.name)}">{wheel.name}</a>'
+    (site / "simple" / "vllm" / "index.html").write_text(f"<html><body>{link}</body></html>")
+    simple = f"{serve(site).url}simple"
+    upload = f"http://127.0.0.1:{free_port()}/"
+    r = publish_cli(wheel, "--to", upload, "--simple-url", simple)
+    assert r.rc == 0, r.err
+    assert r.out.splitlines()[0] == f"skipped {wheel.name} (already on the server, same sha256)"
+    other = make_wheel(tmp_path / "rebuilt", version="0.24.0+ovl.15.a", payload="z = 1\n")
+    r = publish_cli(other, "--to", upload, "--simple-url", simple)
+    assert r.rc == 1
+    assert f"with sha256 {sha256_of(wheel)}, but {other} has sha256 {sha256_of(other)}" in r.err
 
 
 def test_server_wrong_or_missing_credentials(

@@ -91,6 +91,10 @@ class PublishResult:
     action: Action
     detail: str
 
+    @classmethod
+    def of(cls, wheel: WheelFile, action: Action, detail: str) -> PublishResult:
+        return cls(wheel.filename, wheel.project, wheel.version, wheel.sha256, action, detail)
+
 
 def read_wheel(path: str | os.PathLike[str]) -> WheelFile:
     """Check that ``path`` is a readable wheel whose file name agrees with its METADATA."""
@@ -158,13 +162,18 @@ def _read_metadata(path: Path) -> tuple[str, bytes]:
 
 
 def _parse_metadata(path: Path, dist_info: str, metadata: bytes) -> dict[str, str]:
+    """Name, Version and (if present) Requires-Python, read with the email parser."""
     msg = email.parser.BytesParser(policy=email.policy.compat32).parsebytes(metadata)
-    fields = {key: str(msg[key]).strip() for key in ("Name", "Version", "Requires-Python")}
-    fields = {key: value for key, value in fields.items() if msg[key] is not None and value}
+    fields: dict[str, str] = {}
+    for key in ("Name", "Version", "Requires-Python"):
+        value = msg.get(key)
+        if value is not None and str(value).strip():
+            fields[key] = str(value).strip()
     missing = [key for key in ("Name", "Version") if key not in fields]
     if missing:
         raise PublishError(
-            f"{path}: {dist_info}.dist-info/METADATA lacks {' and '.join(missing)}. Rebuild the wheel."
+            f"{path}: {dist_info}.dist-info/METADATA lacks {' and '.join(missing)}. "
+            "Rebuild the wheel."
         )
     return fields
 
@@ -502,10 +511,6 @@ class _Plan:
     results: list[PublishResult]
 
 
-def _result(w: WheelFile, action: Action, detail: str) -> PublishResult:
-    return PublishResult(w.filename, w.project, w.version, w.sha256, action, detail)
-
-
 def _plan(index_dir: Path, wheels: Sequence[WheelFile], state: Mapping[str, IndexEntry]) -> _Plan:
     """Decide per wheel; refuse before writing anything if a name is taken by other bytes."""
     new: list[WheelFile] = []
@@ -519,10 +524,12 @@ def _plan(index_dir: Path, wheels: Sequence[WheelFile], state: Mapping[str, Inde
         known = recorded.sha256 if recorded else (sha256_file(on_disk) if present else None)
         if known is None:
             new.append(w)
-            results.append(_result(w, "published", "new file"))
+            results.append(PublishResult.of(w, "published", "new file"))
         elif known == w.sha256 and not present:
             new.append(w)
-            results.append(_result(w, "published", "restored a file missing from packages/"))
+            results.append(
+                PublishResult.of(w, "published", "restored a file missing from packages/")
+            )
         elif known != w.sha256:
             conflicts.append(
                 f"{w.filename} is already published with sha256 {known}, "
@@ -530,9 +537,9 @@ def _plan(index_dir: Path, wheels: Sequence[WheelFile], state: Mapping[str, Inde
             )
         elif recorded is None:
             adopt.append(w)
-            results.append(_result(w, "published", "recorded a file already in packages/"))
+            results.append(PublishResult.of(w, "published", "recorded a file already in packages/"))
         else:
-            results.append(_result(w, "skipped", "already published, same sha256"))
+            results.append(PublishResult.of(w, "skipped", "already published, same sha256"))
     if conflicts:
         raise PublishError(
             "; ".join(conflicts) + ". A published file is never overwritten: give the new "

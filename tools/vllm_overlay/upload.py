@@ -200,8 +200,10 @@ def _parse_page(page_url: str, content_type: str, body: bytes) -> dict[str, tupl
 
 
 def _download_sha256(index: ServerIndex, url: str, timeout: float) -> str:
-    """Hash a file on the server whose page gives no sha256."""
-    req = urllib.request.Request(url, headers=_auth_header(index))
+    """Hash a file on the server whose page gives no sha256 (credentials go only to the
+    simple API's own host)."""
+    headers = _auth_header(index) if _same_origin(url, index.simple_url) else {}
+    req = urllib.request.Request(url, headers=headers)
     h = sha256()
     try:
         with _OPENER.open(req, timeout=timeout) as resp:
@@ -306,20 +308,9 @@ def upload_to_server(
     for w in wheels:
         known = _known_sha256(index, listings[w.project].get(w.filename), timeout)
         if known is None:
-            results.append(
-                PublishResult(w.filename, w.project, w.version, w.sha256, "published", "uploaded")
-            )
+            results.append(PublishResult.of(w, "published", "uploaded"))
         elif known == w.sha256:
-            results.append(
-                PublishResult(
-                    w.filename,
-                    w.project,
-                    w.version,
-                    w.sha256,
-                    "skipped",
-                    "already on the server, same sha256",
-                )
-            )
+            results.append(PublishResult.of(w, "skipped", "already on the server, same sha256"))
         else:
             conflicts.append(
                 f"{w.filename} is already on {index.simple_url} with sha256 {known}, "

@@ -1,0 +1,98 @@
+"""Edit overlay/overlay.toml after a rebase, keeping its formatting and comments.
+
+A rebase removes the ``[[change]]`` tables of dropped changes and records each in a
+``[[dropped]]`` table (the overlay's history), updates the ``files`` and ``tests`` of changes
+whose paths moved, and bumps the top-level ``revision`` when the overlay's content changed.
+Everything else in the file (comments, key order, string styles) is left as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import tomlkit
+from tomlkit.items import AoT, Array, Table
+
+from vllm_overlay.errors import OverlayConfigError
+
+
+@dataclass(frozen=True)
+class DroppedRecord:
+    """One entry of the overlay's history: a change upstream absorbed."""
+
+    id: str
+    title: str
+    origin: str
+    dropped_in: str
+    reason: str
+    proof: str
+
+    def table(self) -> Table:
+        t = tomlkit.table()
+        for key in ("id", "title", "origin", "dropped_in", "reason", "proof"):
+            t[key] = getattr(self, key)
+        return t
+
+
+def _array_like(old: object, values: Sequence[str]) -> Array:
+    arr = tomlkit.array()
+    arr.extend(values)
+    multiline = isinstance(old, Array) and "\n" in old.as_string()
+    arr.multiline(multiline)
+    return arr
+
+
+def _changes(doc: tomlkit.TOMLDocument) -> AoT | None:
+    aot = doc.get("change")
+    if aot is None:
+        return None
+    if not isinstance(aot, AoT):
+        raise OverlayConfigError("overlay.toml: `change` must be an array of tables ([[change]]).")
+    return aot
+
+
+def rewrite(
+    text: str,
+    *,
+    dropped: Sequence[DroppedRecord] = (),
+    files: Mapping[str, Sequence[str]] | None = None,
+    tests: Mapping[str, Sequence[str]] | None = None,
+    bump_revision: bool = False,
+) -> str:
+    """``text`` (overlay.toml) with the rebase's edits applied."""
+    doc = tomlkit.parse(text)
+    files = files or {}
+    tests = tests or {}
+    drop_ids = {d.id for d in dropped}
+    aot = _changes(doc)
+    if aot is not None:
+        for i in reversed(range(len(aot))):
+            tbl = aot[i]
+            cid = tbl.get("id")
+            if cid in drop_ids:
+                del aot[i]
+                continue
+            if cid in files and list(tbl.get("files", [])) != list(files[cid]):
+                tbl["files"] = _array_like(tbl.get("files"), files[cid])
+            if cid in tests and list(tbl.get("tests", [])) != list(tests[cid]):
+                tbl["tests"] = _array_like(tbl.get("tests"), tests[cid])
+        if len(aot) == 0:
+            del doc["change"]
+    if dropped:
+        history = doc.get("dropped")
+        if history is None:
+            history = tomlkit.aot()
+            for d in dropped:
+                history.append(d.table())
+            doc.append("dropped", history)
+        else:
+            for d in dropped:
+                history.append(d.table())
+    if bump_revision:
+        revision = doc.get("revision", 1)
+        if "revision" in doc:
+            doc["revision"] = int(revision) + 1
+        else:
+            doc.add("revision", int(revision) + 1)
+    return tomlkit.dumps(doc).rstrip("\n") + "\n"

@@ -1,0 +1,197 @@
+"""The provenance record a built wheel carries in its .dist-info: what it was built from.
+
+``<dist-info>/vllm_overlay.json`` is deterministic JSON (sorted keys, two-space indent, one
+trailing newline). It names the upstream release and commit, the official wheel the build
+started from (its sha256), every change with the sha256 of its overlay file and of the file
+it produced, the strategy, the version ``vllm.__version__`` reports, and the version of this
+tool. ``build_key`` is the sha256 of everything else in the record: two builds with the same
+key had the same inputs, which is how a second build knows it has nothing to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_overlay import __version__
+from vllm_overlay.checkout import PlannedChange
+from vllm_overlay.errors import BuildError
+from vllm_overlay.lockfile import ABSENT, Artifact, Lock
+from vllm_overlay.overlay import Overlay
+from vllm_overlay.util import sha256_bytes, sha256_file
+
+PROVENANCE_NAME = "vllm_overlay.json"
+FORMAT = 1
+STRATEGIES = ("repack", "precompiled", "source")
+
+
+@dataclass(frozen=True)
+class ChangedFile:
+    """One file an overlay change writes, and whether (where) the wheel carries it."""
+
+    change_id: str
+    path: str
+    kind: str  # "patch" | "added"
+    overlay_sha256: str  # of overlay/<path>.patch, or of the added file
+    result_sha256: str  # of the file in the patched tree
+    content: bytes
+    in_wheel: bool
+
+
+def changed_files(
+    lock: Lock, overlay: Overlay, planned: Sequence[PlannedChange], package: str
+) -> list[ChangedFile]:
+    """Every file the overlay writes, in overlay order; ``in_wheel`` for paths under
+    ``package/`` (the importable package the wheel ships; tests/, docs/ and the like are not
+    wheel content)."""
+    out = []
+    for pc in planned:
+        for path, content in pc.files.items():
+            added = lock.base.get(path) == ABSENT
+            src = overlay.whole_file(path) if added else overlay.patch_file(path)
+            out.append(
+                ChangedFile(
+                    change_id=pc.change.id,
+                    path=path,
+                    kind="added" if added else "patch",
+                    overlay_sha256=sha256_file(src),
+                    result_sha256=sha256_bytes(content),
+                    content=content,
+                    in_wheel=path.startswith(package + "/"),
+                )
+            )
+    return out
+
+
+def provenance(
+    *,
+    lock: Lock,
+    overlay: Overlay,
+    overlay_digest: str,
+    files: Sequence[ChangedFile],
+    version: str,
+    version_py: str,
+    strategy: str,
+    base_wheel: Artifact | None,
+    build_settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The record, with its ``build_key``."""
+    if strategy not in STRATEGIES:
+        raise BuildError(f"unknown strategy {strategy!r}")
+    u = lock.upstream
+    sdists = [a for a in lock.artifacts if a.kind == "sdist"]
+    sdist = {"filename": sdists[0].filename, "sha256": sdists[0].sha256} if sdists else None
+    by_change: dict[str, list[ChangedFile]] = {}
+    for f in files:
+        by_change.setdefault(f.change_id, []).append(f)
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "tool": {"name": "vllm-overlay", "version": __version__},
+        "name": u.name,
+        "version": version,
+        "version_py": version_py,
+        "keep_release_version": version_py == u.version,
+        "strategy": strategy,
+        "build_settings": dict(build_settings or {}),
+        "upstream": {
+            "name": u.name,
+            "version": u.version,
+            "tag": u.tag,
+            "commit": u.commit,
+            "git": u.git,
+            "sdist": sdist,
+        },
+        "base_wheel": None
+        if base_wheel is None
+        else {"filename": base_wheel.filename, "sha256": base_wheel.sha256, "size": base_wheel.size},
+        "overlay": {"revision": overlay.revision, "digest": overlay_digest},
+        "changes": [
+            {
+                "id": c.id,
+                "title": c.title,
+                "origin": c.origin,
+                "upstream_status": c.upstream_status,
+                "files": [
+                    {
+                        "path": f.path,
+                        "kind": f.kind,
+                        "overlay_sha256": f.overlay_sha256,
+                        "result_sha256": f.result_sha256,
+                        "in_wheel": f.in_wheel,
+                    }
+                    for f in by_change.get(c.id, [])
+                ],
+            }
+            for c in overlay.changes
+        ],
+    }
+    doc["build_key"] = build_key(doc)
+    return doc
+
+
+def build_key(doc: Mapping[str, Any]) -> str:
+    rest = {k: v for k, v in doc.items() if k != "build_key"}
+    return sha256_bytes(render(rest))
+
+
+def render(doc: Mapping[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def parse(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BuildError(f"{where} is not valid JSON: {e}") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise BuildError(f"{where}: not a vllm-overlay provenance record of format {FORMAT}.")
+    return doc
+
+
+def read_from_wheel(path: Path) -> dict[str, Any] | None:
+    """The wheel's provenance record, or None when it has none (a stock wheel)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = [n for n in zf.namelist() if n.endswith(".dist-info/" + PROVENANCE_NAME)]
+            if not names:
+                return None
+            if len(names) > 1:
+                raise BuildError(f"{path.name} holds {len(names)} provenance records: {names}.")
+            return parse(zf.read(names[0]), f"{path.name}:{names[0]}")
+    except (zipfile.BadZipFile, OSError) as e:
+        raise BuildError(f"{path} is not a readable wheel: {e}") from e
+
+
+def summary(doc: Mapping[str, Any]) -> str:
+    """A human-readable rendering of a provenance record."""
+    u = doc["upstream"]
+    lines = [
+        f"{doc['name']} {doc['version']}  (vllm.__version__ = {doc['version_py']})",
+        f"  upstream   {u['name']} {u['version']} ({u['tag']}, commit {u['commit']})",
+    ]
+    bw = doc.get("base_wheel")
+    if bw:
+        lines.append(f"  base wheel {bw['filename']}  sha256 {bw['sha256']}")
+    ov = doc["overlay"]
+    lines.append(f"  overlay    revision {ov['revision']}, digest {ov['digest']}")
+    settings = doc.get("build_settings") or {}
+    extra = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+    lines.append(f"  strategy   {doc['strategy']}" + (f" ({extra})" if extra else ""))
+    tool = doc["tool"]
+    lines.append(f"  built by   {tool['name']} {tool['version']}, build key {doc['build_key']}")
+    lines.append(f"  changes    {len(doc['changes'])}")
+    for c in doc["changes"]:
+        lines.append(f"    {c['id']}: {c['title']}")
+        lines.append(f"      origin {c['origin']} ({c['upstream_status']})")
+        for f in c["files"]:
+            where = "in wheel" if f["in_wheel"] else "not wheel content"
+            lines.append(
+                f"      {f['kind']:5} {f['path']}  ({where}; overlay sha256 "
+                f"{f['overlay_sha256'][:16]}…, result sha256 {f['result_sha256'][:16]}…)"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,192 @@
+"""Run a change's own tests against an upstream tree without the change.
+
+When a rebase drops a change because upstream now has it, the change's ``tests`` run against
+the new, pristine upstream tree: if they fail, upstream's version does not do what ours did.
+Test files the change itself adds (or edits) are placed into a scratch copy of that tree
+under names no upstream file has, so upstream's own file at the same path (if any) stays.
+
+Runners: vLLM's tests need the CPU test environment of ``vllm_overlay.testenv``; any other
+tree (the synthetic upstream of this tool's tests) runs with a plain Python that has pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.git import git
+from vllm_overlay.overlay import safe_join
+from vllm_overlay.util import atomic_write_bytes, atomic_write_text, info, run
+
+TIMEOUT_S = 3600.0
+_COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b")
+_LEAKY = ("PYTHONPATH", "PYTHONHOME", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "VIRTUAL_ENV")
+
+
+@dataclass
+class TestRun:
+    """The outcome of one pytest run over a change's tests."""
+
+    __test__ = False  # not a pytest test class
+
+    targets: list[str]
+    returncode: int
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+    summary: str = ""
+    log: str = ""
+    python: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Proof needs at least one test that passed and none that failed."""
+        return self.returncode == 0 and self.passed > 0 and not self.failed and not self.errors
+
+    def counts(self) -> str:
+        parts = [f"{self.passed} passed"]
+        for name in ("failed", "errors", "skipped"):
+            if getattr(self, name):
+                parts.append(f"{getattr(self, name)} {name}")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> TestRun:
+        return cls(**data)
+
+
+class Runner(Protocol):
+    def command(self, tree: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+        """(argv prefix up to and including ``-m pytest``, environment) for a run in ``tree``."""
+        ...
+
+
+@dataclass(frozen=True)
+class PythonRunner:
+    """A Python that has pytest; the tree under test is put first on PYTHONPATH."""
+
+    python: str = sys.executable
+
+    def command(self, tree: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+        env = {k: v for k, v in os.environ.items() if k not in _LEAKY}
+        env.update(PYTHONPATH=os.fspath(tree), PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+        return [self.python, "-m", "pytest"], env
+
+
+@dataclass(frozen=True)
+class TestEnvRunner:
+    """vLLM's CPU test environment (built on first use, then cached)."""
+
+    __test__ = False
+
+    def command(self, tree: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+        from vllm_overlay.testenv import ensure_testenv
+
+        env = ensure_testenv(tree)
+        return [os.fspath(env.python), "-m", "pytest"], env.environ(workdir, tree)
+
+
+def runner_for(tree: Path, test_python: str | None = None) -> Runner:
+    """``--test-python`` if given; vLLM's test environment for a vLLM tree; else this Python."""
+    if test_python:
+        return PythonRunner(test_python)
+    if (tree / "requirements" / "common.txt").is_file():
+        return TestEnvRunner()
+    return PythonRunner()
+
+
+def export_tree(repo: Path, rev: str, dest: Path) -> Path:
+    """Write the files of ``rev`` (a commit in ``repo``) into the new directory ``dest``."""
+    dest.mkdir(parents=True)
+    tar = dest.parent / f"{dest.name}.tar"
+    git("archive", "--format=tar", "-o", str(tar), rev, cwd=repo)
+    try:
+        with tarfile.open(tar) as tf:
+            tf.extractall(dest, filter="data")
+    finally:
+        tar.unlink()
+    return dest
+
+
+def _free_name(tree: Path, path: str) -> str:
+    """A path beside ``path`` that no file in ``tree`` has (``test_x.py`` -> ``test_x_overlay.py``)."""
+    p = PurePosixPath(path)
+    for n in range(1, 100):
+        suffix = "_overlay" if n == 1 else f"_overlay{n}"
+        cand = str(p.with_name(f"{p.stem}{suffix}{p.suffix}"))
+        if not safe_join(tree, cand).exists():
+            return cand
+    raise OverlayError(f"cannot find a free file name beside {path} in {tree}")
+
+
+def stage_tests(tree: Path, tests: Sequence[str], ours: Mapping[str, bytes]) -> tuple[list[str], list[str]]:
+    """Pytest targets for ``tests`` in ``tree``, and notes on what was placed where.
+
+    A test file the change carries (``ours``: path -> our bytes) is written under a free name
+    beside its path, so it runs even where upstream has a file of the same name.
+    """
+    targets: list[str] = []
+    notes: list[str] = []
+    placed: dict[str, str] = {}
+    for entry in tests:
+        path, sep, node = entry.partition("::")
+        if path in ours:
+            if path not in placed:
+                name = _free_name(tree, path)
+                atomic_write_bytes(safe_join(tree, name), ours[path])
+                placed[path] = name
+                if safe_join(tree, path).exists():
+                    notes.append(f"our {path} ran as {name} (upstream has its own {path})")
+            rel = placed[path]
+        else:
+            rel = path
+            if not safe_join(tree, path).exists():
+                raise OverlayError(
+                    f"test {entry!r} names {path}, which neither the new upstream tree nor the "
+                    "change has. Fix the change's `tests` in overlay/overlay.toml."
+                )
+        targets.append(os.fspath(tree / rel) + (sep + node if sep else ""))
+    return targets, notes
+
+
+def parse_counts(output: str, run_: TestRun) -> None:
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    for line in reversed(lines):
+        found = _COUNT_RE.findall(line)
+        if found:
+            run_.summary = line.strip("= ").strip()
+            for num, what in found:
+                key = "errors" if what.startswith("error") else what
+                if hasattr(run_, key) and key in ("passed", "failed", "errors", "skipped"):
+                    setattr(run_, key, int(num))
+            return
+    run_.summary = lines[-1].strip() if lines else "(no output)"
+
+
+def run_tests(
+    runner: Runner, tree: Path, targets: Sequence[str], workdir: Path, log: Path
+) -> TestRun:
+    """Run pytest over ``targets`` from ``workdir``; the full output goes to ``log``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    prefix, env = runner.command(tree, workdir)
+    argv = [*prefix, "-q", "-rfE", "-p", "no:cacheprovider", *targets]
+    info(f"running {len(targets)} test target(s) against {tree}")
+    out = run(*argv, cwd=workdir, env=env, check=False, timeout=TIMEOUT_S)
+    atomic_write_text(log, f"$ {' '.join(argv)}\n\n{out.stdout}\n{out.stderr}")
+    result = TestRun(
+        targets=list(targets), returncode=out.returncode, log=os.fspath(log), python=prefix[0]
+    )
+    parse_counts(out.stdout, result)
+    return result
