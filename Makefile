@@ -21,7 +21,7 @@ help:
 	@echo "make apply          the patched checkout in .work/vllm"
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
-	@echo "make rebase TO=VERSION       move the overlay to a new vLLM release"
+	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
 	@echo "make bench          repack benchmark on the real wheel"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -73,7 +73,7 @@ publish: $(STAMP)
 
 rebase: $(STAMP)
 	@test -n "$(TO)" || { echo "usage: make rebase TO=VERSION"; exit 2; }
-	$(VO) rebase --to $(TO)
+	$(VO) rebase --to $(TO) $(if $(COMMIT),--commit $(COMMIT))
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_repack.py

@@ -18,7 +18,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic import ADDED_TEST, CONNECTOR, IndexServer, Upstream, make_upstream, release_files  # noqa: E402
-
 from vllm_overlay.main import main  # noqa: E402
 
 REAL_HOME = os.environ.get("HOME", "/root")
@@ -34,7 +33,9 @@ def isolated_env(tmp_path_factory, monkeypatch, request):
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     if request.node.get_closest_marker("network"):
-        cache = os.environ.get("VLLM_OVERLAY_CACHE") or os.path.join(REAL_HOME, ".cache", "vllm-overlay")
+        cache = os.environ.get("VLLM_OVERLAY_CACHE") or os.path.join(
+            REAL_HOME, ".cache", "vllm-overlay"
+        )
         monkeypatch.setenv("VLLM_OVERLAY_CACHE", cache)
     else:
         monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(tmp_path_factory.mktemp("cache")))
@@ -124,7 +125,7 @@ files = [
 tests = ["{added}"]
 '''
 
-ADDED_TEST_BODY = '''\
+ADDED_TEST_BODY = """\
 def test_group_block_size():
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         Connector,
@@ -135,7 +136,7 @@ def test_group_block_size():
         group_block_size = 22
 
     assert Connector(C()).slots([1])[0] == 22
-'''
+"""
 
 
 @dataclass

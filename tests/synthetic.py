@@ -194,7 +194,18 @@ def make_wheel(dest: Path, version: str, files: dict[str, str]) -> Path:
     return out
 
 
-def make_upstream(root: Path, versions: tuple[str, ...] = ("1.0.0", "1.1.0", "1.2.0")) -> Upstream:
+def make_upstream(
+    root: Path,
+    versions: tuple[str, ...] = ("1.0.0", "1.1.0", "1.2.0"),
+    trees: dict[str, dict[str, str]] | None = None,
+) -> Upstream:
+    """Tagged releases in a real git repo, with sdists and wheels in ``root/dist``.
+
+    ``trees`` (version -> files, in release order) replaces ``release_files`` and ``versions``
+    for tests that need other releases than the default three.
+    """
+    if trees is not None:
+        versions = tuple(trees)
     repo = root / "upstream"
     dist = root / "dist"
     repo.mkdir(parents=True)
@@ -202,7 +213,7 @@ def make_upstream(root: Path, versions: tuple[str, ...] = ("1.0.0", "1.1.0", "1.
     _git(repo, "init", "-q")
     up = Upstream(repo=repo)
     for v in versions:
-        files = release_files(v)
+        files = trees[v] if trees is not None else release_files(v)
         for p in list(repo.glob("*")):
             if p.name != ".git":
                 subprocess.run(["rm", "-rf", str(p)], check=True)

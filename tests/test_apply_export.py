@@ -12,7 +12,9 @@ from synthetic import ADDED_TEST, CONNECTOR, release_files
 
 
 def apply(cli, project, dest: Path, *extra: str):
-    return cli("apply", "--checkout", dest, "--index-url", project.index.url, *extra, cwd=project.root)
+    return cli(
+        "apply", "--checkout", dest, "--index-url", project.index.url, *extra, cwd=project.root
+    )
 
 
 def test_apply_gives_one_commit_per_change_over_the_recorded_base(project, cli, tmp_path):
@@ -124,7 +126,9 @@ def test_added_file_that_upstream_has_is_a_base_mismatch(project, cli, tmp_path)
 )
 def test_unsafe_overlay_paths(project, cli, tmp_path, path, message):
     cfg = project.overlay / "overlay.toml"
-    cfg.write_text(cfg.read_text().replace(f'    "{ADDED_TEST}",\n', f'    "{ADDED_TEST}",\n    "{path}",\n'))
+    cfg.write_text(
+        cfg.read_text().replace(f'    "{ADDED_TEST}",\n', f'    "{ADDED_TEST}",\n    "{path}",\n')
+    )
     snap = tree_snapshot(project.root)
     res = apply(cli, project, tmp_path / "co")
     assert res.rc == 1
@@ -202,7 +206,9 @@ def test_export_round_trip_is_canonical_and_deterministic(project, cli, tmp_path
     assert patch.startswith(f"diff --git a/{CONNECTOR} b/{CONNECTOR}\n--- a/{CONNECTOR}\n")
     assert "\nindex " not in patch
     # export again (and from a second, independent checkout): same bytes
-    assert cli("export", "--checkout", co, cwd=project.root).out.endswith("0 written, 0 removed, 2 unchanged\n")
+    assert cli("export", "--checkout", co, cwd=project.root).out.endswith(
+        "0 written, 0 removed, 2 unchanged\n"
+    )
     co2 = tmp_path / "co2"
     assert apply(cli, project, co2).rc == 0
     assert cli("export", "--checkout", co2, cwd=project.root).rc == 0
@@ -249,7 +255,11 @@ def test_export_refuses_changes_outside_the_overlay(project, cli, tmp_path):
     snap = tree_snapshot(project.overlay)
     res = cli("export", "--checkout", co, cwd=project.root)
     assert res.rc == 1
-    assert "belong to no change" in res.err and "README.md" in res.err and "vllm/new_module.py" in res.err
+    assert (
+        "belong to no change" in res.err
+        and "README.md" in res.err
+        and "vllm/new_module.py" in res.err
+    )
     assert tree_snapshot(project.overlay) == snap
 
 
@@ -266,7 +276,9 @@ def test_edit_then_export_then_apply(project, cli):
     assert res.rc == 0, res.err
     co = project.root / ".work" / "vllm"
     assert (co / ADDED_TEST).is_file()
-    (co / CONNECTOR).write_text((co / CONNECTOR).read_text().replace('return "NHD"', 'return "NHD"  # ours'))
+    (co / CONNECTOR).write_text(
+        (co / CONNECTOR).read_text().replace('return "NHD"', 'return "NHD"  # ours')
+    )
     res = cli("edit", cwd=project.root)  # a second edit keeps the work
     assert "already has edits" in res.out
     assert 'return "NHD"  # ours' in (co / CONNECTOR).read_text()

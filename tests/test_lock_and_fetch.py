@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from conftest import git_out, tree_snapshot
 from synthetic import IndexServer
-
 from vllm_overlay.lockfile import parse_lock, read_lock, render_lock
 from vllm_overlay.util import exclusive_lock
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from vllm_overlay.errors import OverlayConfigError, UnsafePathError
 from vllm_overlay.overlay import load_overlay, overlay_digest, parse_overlay
 
@@ -45,16 +44,31 @@ def test_good_config():
         (lambda t: t.replace('why = "because"\n', ""), "change 'fix-one': missing key(s) ['why']"),
         (lambda t: t.replace('"fix-one"', '"Fix_One"'), "`id` must be kebab-case"),
         (lambda t: t.replace('drop_when = "vllm>=0.25.0"', 'drop_when = "vllm>>1"'), "`drop_when`"),
-        (lambda t: t.replace('drop_when = "vllm>=0.25.0"', 'drop_when = "soon"'), "expected a project and a version specifier"),
+        (
+            lambda t: t.replace('drop_when = "vllm>=0.25.0"', 'drop_when = "soon"'),
+            "expected a project and a version specifier",
+        ),
         (lambda t: t.replace('origin = "https', 'origin = "ftp'), "`origin` must be a URL"),
         (lambda t: t + 'colour = "blue"\n', "unknown key(s) ['colour']"),
         (lambda t: "nonsense = 1\n" + t, "unknown top-level key(s) ['nonsense']"),
-        (lambda t: t.replace("revision = 3", "revision = 0"), "`revision` must be a positive integer"),
-        (lambda t: t.replace('files = ["vllm/a.py", "tests/test_a.py"]', "files = []"), "`files` is empty"),
-        (lambda t: t.replace('files = ["vllm/a.py", "tests/test_a.py"]', 'files = "vllm/a.py"'), "`files`: expected a list of strings"),
+        (
+            lambda t: t.replace("revision = 3", "revision = 0"),
+            "`revision` must be a positive integer",
+        ),
+        (
+            lambda t: t.replace('files = ["vllm/a.py", "tests/test_a.py"]', "files = []"),
+            "`files` is empty",
+        ),
+        (
+            lambda t: t.replace('files = ["vllm/a.py", "tests/test_a.py"]', 'files = "vllm/a.py"'),
+            "`files`: expected a list of strings",
+        ),
         (lambda t: t.replace('title = "One"', "title = 1"), "`title` must be a non-empty string"),
         (lambda t: t + t.split("\n\n", 1)[1], "duplicate `id` 'fix-one'"),
-        (lambda t: t + t.split("\n\n", 1)[1].replace("fix-one", "fix-two"), "which change 'fix-one' already owns"),
+        (
+            lambda t: t + t.split("\n\n", 1)[1].replace("fix-one", "fix-two"),
+            "which change 'fix-one' already owns",
+        ),
         (lambda t: t.replace("[[change]]", "[change]"), "`change` must be an array of tables"),
         (lambda t: t + "[[change\n", "is not valid TOML"),
     ],
@@ -65,7 +79,9 @@ def test_bad_config_points_at_the_key(edit, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("bad", ["/abs/a.py", "../a.py", "vllm/../a.py", "vllm/./a.py", ".git/config", "a\\\\b.py"])
+@pytest.mark.parametrize(
+    "bad", ["/abs/a.py", "../a.py", "vllm/../a.py", "vllm/./a.py", ".git/config", "a\\\\b.py"]
+)
 def test_bad_paths(bad):
     with pytest.raises(UnsafePathError):
         parse(GOOD.replace('"vllm/a.py"', f'"{bad}"'))
@@ -77,7 +93,9 @@ def test_missing_config(tmp_path):
 
 
 def test_dropped_history_needs_its_keys():
-    with pytest.raises(OverlayConfigError, match=r"\[\[dropped\]\] #1: missing key\(s\) \['reason'\]"):
+    with pytest.raises(
+        OverlayConfigError, match=r"\[\[dropped\]\] #1: missing key\(s\) \['reason'\]"
+    ):
         parse(GOOD + '\n[[dropped]]\nid = "old"\ndropped_in = "0.25.0"\n')
     ov = parse(GOOD + '\n[[dropped]]\nid = "old"\ndropped_in = "0.25.0"\nreason = "merged"\n')
     assert ov.history[0]["id"] == "old"

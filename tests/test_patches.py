@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from vllm_overlay.errors import PatchError
 from vllm_overlay.patches import apply_patch, canonical_diff, parse_patch
 
@@ -31,7 +30,10 @@ def git_diff(tmp_path: Path, old: bytes | None, new: bytes) -> str:
 
 CASES = [
     (b"a\nb\nc\n", b"a\nB\nc\n"),
-    (b"".join(b"line %d\n" % i for i in range(50)), b"".join(b"line %d\n" % i for i in range(50) if i != 25) + b"tail\n"),
+    (
+        b"".join(b"line %d\n" % i for i in range(50)),
+        b"".join(b"line %d\n" % i for i in range(50) if i != 25) + b"tail\n",
+    ),
     (b"x\ny", b"x\ny\n"),  # gains a newline at EOF
     (b"x\ny\n", b"x\nz"),  # loses it
     (b"x\ny", b"x\nz"),  # no newline either side

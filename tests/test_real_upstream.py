@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from conftest import git_out
-
 from vllm_overlay.lockfile import read_lock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +33,11 @@ def test_fetch_apply_and_round_trips_on_the_real_release(cli, tmp_path):
     assert res.out.count("applied ") == 1
     assert (co / "vllm" / "_version.py").read_text().count("0.24.0") >= 1
     changed = set(git_out(co, "diff", "--name-only", base, "HEAD").splitlines())
-    assert changed == {CONNECTOR, EXTRACT, "tests/v1/kv_connector/unit/test_hidden_states_connector.py"}
+    assert changed == {
+        CONNECTOR,
+        EXTRACT,
+        "tests/v1/kv_connector/unit/test_hidden_states_connector.py",
+    }
     connector = (co / CONNECTOR).read_text()
     assert "def _find_cache_kv_group_id(" in connector
     assert "def _get_cache_block_size(" in connector

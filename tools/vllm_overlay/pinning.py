@@ -34,10 +34,18 @@ def resolve_commit(git_url: str, tag: str) -> str | None:
     return refs.get(f"refs/tags/{tag}^{{}}") or refs.get(f"refs/tags/{tag}")
 
 
+UNRESOLVED = "0" * 40  # the commit of a plan made with unresolved_ok whose tag did not resolve
+
+
 @dataclass
 class LockPlan:
     lock: Lock
     notes: list[str] = field(default_factory=list)
+    sdist_commit: str | None = None  # the (abbreviated) commit the sdist records
+
+    @property
+    def commit_resolved(self) -> bool:
+        return self.lock.upstream.commit != UNRESOLVED
 
 
 def compute_lock(
@@ -49,8 +57,13 @@ def compute_lock(
     git_url: str = DEFAULT_GIT,
     index_url: str | None = None,
     overlay_paths: list[str] | None = None,
+    unresolved_ok: bool = False,
 ) -> LockPlan:
-    """Pin ``name==version``: artifacts from the index, commit, and base hashes of the tree."""
+    """Pin ``name==version``: artifacts from the index, commit, and base hashes of the tree.
+
+    With ``unresolved_ok``, a tag that cannot be resolved (and no ``commit``) gives a plan
+    whose commit is ``UNRESOLVED`` (never to be written) instead of an error.
+    """
     urls = configured_index_urls(index_url)
     _, files = find_release_files(name, version, urls)
     arts = []
@@ -77,21 +90,25 @@ def compute_lock(
     abbrev = sdist_commit_abbrev(repo, base, name)
     if commit is None:
         commit = resolve_commit(git_url, tag)
-        if commit is None:
+        if commit is None and unresolved_ok:
+            commit = UNRESOLVED
+            notes.append(f"cannot resolve tag {tag} at {git_url}; the commit is not known yet")
+        elif commit is None:
             hint = f" (the sdist records commit {abbrev})" if abbrev else ""
             raise LockFileError(
                 f"cannot resolve tag {tag} at {git_url}{hint}. Pass the full commit id with "
                 "--commit SHA (or --git-url for a reachable mirror)."
             )
-        notes.append(f"tag {tag} at {git_url} is {commit}")
+        else:
+            notes.append(f"tag {tag} at {git_url} is {commit}")
     if not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise LockFileError(f"--commit must be a full 40-hex commit id, got {commit!r}.")
-    if abbrev and not commit.startswith(abbrev):
+    if abbrev and commit != UNRESOLVED and not commit.startswith(abbrev):
         raise LockFileError(
             f"commit {commit} does not match the sdist, which records commit {abbrev} in "
             f"{name}/_version.py. Check --commit."
         )
-    if abbrev:
+    if abbrev and commit != UNRESOLVED:
         notes.append(f"the sdist records commit {abbrev}, consistent with {commit}")
     paths = overlay_paths if overlay_paths is not None else overlay.all_files()
     base_map = {p: base_hash(show_bytes(repo, base, p)) for p in paths}
@@ -100,7 +117,7 @@ def compute_lock(
         artifacts=tuple(arts),
         base=base_map,
     )
-    return LockPlan(lock=lock, notes=notes)
+    return LockPlan(lock=lock, notes=notes, sdist_commit=abbrev)
 
 
 def check_lock(lock: Lock, overlay: Overlay, *, index_url: str | None = None) -> list[str]:

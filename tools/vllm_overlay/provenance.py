@@ -10,7 +10,6 @@ key had the same inputs, which is how a second build knows it has nothing to do.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -108,7 +107,11 @@ def provenance(
         },
         "base_wheel": None
         if base_wheel is None
-        else {"filename": base_wheel.filename, "sha256": base_wheel.sha256, "size": base_wheel.size},
+        else {
+            "filename": base_wheel.filename,
+            "sha256": base_wheel.sha256,
+            "size": base_wheel.size,
+        },
         "overlay": {"revision": overlay.revision, "digest": overlay_digest},
         "changes": [
             {

@@ -45,6 +45,7 @@ class TestRun:
     summary: str = ""
     log: str = ""
     python: str = ""
+    first_error: str = ""  # the first ``E   `` line of pytest's report
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -55,8 +56,9 @@ class TestRun:
     def counts(self) -> str:
         parts = [f"{self.passed} passed"]
         for name in ("failed", "errors", "skipped"):
-            if getattr(self, name):
-                parts.append(f"{getattr(self, name)} {name}")
+            n = getattr(self, name)
+            if n:
+                parts.append(f"{n} {'error' if name == 'errors' and n == 1 else name}")
         return ", ".join(parts)
 
     def to_json(self) -> dict:
@@ -131,7 +133,9 @@ def _free_name(tree: Path, path: str) -> str:
     raise OverlayError(f"cannot find a free file name beside {path} in {tree}")
 
 
-def stage_tests(tree: Path, tests: Sequence[str], ours: Mapping[str, bytes]) -> tuple[list[str], list[str]]:
+def stage_tests(
+    tree: Path, tests: Sequence[str], ours: Mapping[str, bytes]
+) -> tuple[list[str], list[str]]:
     """Pytest targets for ``tests`` in ``tree``, and notes on what was placed where.
 
     A test file the change carries (``ours``: path -> our bytes) is written under a free name
@@ -148,7 +152,10 @@ def stage_tests(tree: Path, tests: Sequence[str], ours: Mapping[str, bytes]) -> 
                 atomic_write_bytes(safe_join(tree, name), ours[path])
                 placed[path] = name
                 if safe_join(tree, path).exists():
-                    notes.append(f"our {path} ran as {name} (upstream has its own {path})")
+                    notes.append(
+                        f"our {path} ran as {PurePosixPath(name).name}, beside upstream's own "
+                        "file of that name"
+                    )
             rel = placed[path]
         else:
             rel = path
@@ -189,4 +196,6 @@ def run_tests(
         targets=list(targets), returncode=out.returncode, log=os.fspath(log), python=prefix[0]
     )
     parse_counts(out.stdout, result)
+    errors = [ln[1:].strip() for ln in out.stdout.splitlines() if ln.startswith("E   ")]
+    result.first_error = errors[0] if errors else ""
     return result

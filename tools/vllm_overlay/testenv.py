@@ -59,6 +59,7 @@ TEST_TOOLS = (
     "pytest==9.2.0",
     "pytest-asyncio==1.5.0",
     "pytest-timeout==2.4.0",
+    "pytest-xdist==3.8.0",  # vllm-overlay suite: workers; a crashing test fails alone
     "tblib==3.2.2",
     # Pins of vLLM 0.24.0's requirements/test/cuda.txt; test collection imports both.
     "ray==2.48.0",
@@ -206,9 +207,11 @@ class TestEnv:
         """The environment for running vLLM's pytest from ``tree`` with this env.
 
         Based on ``os.environ`` without the variables that would leak another Python setup
-        into the run. Temporary files, Ray's session files, compile caches and bytecode go
-        under ``workdir`` (created here); the Hugging Face hub is offline and reads the
-        config-only cache in the environment.
+        into the run. Temporary files, Ray's session files and compile caches go under
+        ``workdir`` (created here); the Hugging Face hub is offline and reads the
+        config-only cache in the environment. Bytecode is cached as usual, in the tree's
+        ``__pycache__`` directories (ignored by vLLM's .gitignore): a bytecode prefix would
+        also move torch's, and recompiling it costs about a minute a run.
         """
         workdir = Path(workdir).resolve()
         tree = Path(tree).resolve()
@@ -219,7 +222,6 @@ class TestEnv:
             "TORCHINDUCTOR_CACHE_DIR": workdir / "inductor",
             "TRITON_CACHE_DIR": workdir / "triton",
             "VLLM_CACHE_ROOT": workdir / "vllm-cache",
-            "PYTHONPYCACHEPREFIX": workdir / "pycache",
         }
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
@@ -305,17 +307,13 @@ def load(path: Path) -> TestEnv | None:
     """The complete environment at ``path``, or None when absent or unfinished."""
     try:
         marker = json.loads((path / MARKER).read_text())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        recipe_hash, torch_version = marker["recipe_hash"], marker["torch_version"]
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, KeyError, TypeError):
         return None
     python = path / VENV / "bin" / "python"
     if not python.exists():
         return None
-    return TestEnv(
-        path=path,
-        python=python,
-        recipe_hash=marker["recipe_hash"],
-        torch_version=marker["torch_version"],
-    )
+    return TestEnv(path=path, python=python, recipe_hash=recipe_hash, torch_version=torch_version)
 
 
 def ensure_testenv(tree: Path, *, rebuild: bool = False) -> TestEnv:

@@ -13,6 +13,7 @@ and only what it is given, in the order it is given: the same calls give the sam
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zipfile
@@ -58,10 +59,7 @@ class SourceMember:
     header_offset: int
     data_offset: int  # first byte of the compressed data
     raw_header_ok: bool  # the local header can be copied as it is
-
-    @property
-    def name(self) -> str:
-        return self.info.filename
+    name: str
 
     @property
     def data_end(self) -> int:
@@ -77,6 +75,8 @@ def _name_bytes(name: str) -> tuple[bytes, int]:
 
 
 def _encode_name(name: str, flags: int) -> bytes:
+    if name.isascii():
+        return name.encode("ascii")
     return name.encode("utf-8" if flags & _FLAG_UTF8 else "cp437")
 
 
@@ -91,28 +91,28 @@ def locate_members(path: Path) -> list[SourceMember]:
             infos = zf.infolist()
     except (zipfile.BadZipFile, OSError) as e:
         raise ZipFormatError(f"{path.name} is not a readable zip archive: {e}") from e
-    out = []
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        for info in infos:
-            out.append(_locate(f, size, info, path.name))
-    return out
+        if size == 0:
+            return []
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            return [_locate(view, size, info, path.name) for info in infos]
 
 
-def _locate(f: BinaryIO, size: int, info: zipfile.ZipInfo, archive: str) -> SourceMember:
+def _locate(view: mmap.mmap, size: int, info: zipfile.ZipInfo, archive: str) -> SourceMember:
     if info.flag_bits & _FLAG_ENCRYPTED:
         raise ZipFormatError(f"{archive}: member {info.filename} is encrypted; cannot copy it.")
-    f.seek(info.header_offset)
-    head = f.read(_LOCAL.size)
-    if len(head) != _LOCAL.size:
+    start = info.header_offset
+    if start + _LOCAL.size > size:
         raise ZipFormatError(f"{archive}: member {info.filename}: local header is truncated.")
-    sig, _ver, flags, _method, _t, _d, _crc, _cs, _us, nlen, xlen = _LOCAL.unpack(head)
+    sig, _ver, flags, method, _t, _d, _crc, _cs, _us, nlen, xlen = _LOCAL.unpack_from(view, start)
     if sig != _LOCAL_SIG:
         raise ZipFormatError(
-            f"{archive}: member {info.filename}: no local header at offset {info.header_offset}."
+            f"{archive}: member {info.filename}: no local header at offset {start}."
         )
-    local_name = _decode_name(f.read(nlen), flags)
-    data_offset = info.header_offset + _LOCAL.size + nlen + xlen
+    name_start = start + _LOCAL.size
+    local_name = _decode_name(view[name_start : name_start + nlen], flags)
+    data_offset = name_start + nlen + xlen
     if data_offset + info.compress_size > size:
         raise ZipFormatError(
             f"{archive}: member {info.filename}: its data runs past the end of the file."
@@ -121,9 +121,24 @@ def _locate(f: BinaryIO, size: int, info: zipfile.ZipInfo, archive: str) -> Sour
         not flags & _FLAG_DATA_DESCRIPTOR
         and local_name == info.filename
         and flags == info.flag_bits
-        and _method == info.compress_type
+        and method == info.compress_type
     )
-    return SourceMember(info, info.header_offset, data_offset, raw_ok)
+    return SourceMember(info, start, data_offset, raw_ok, info.filename)
+
+
+def read_member(f: BinaryIO, member: SourceMember) -> bytes:
+    """A member's content (stored or deflated), its CRC checked."""
+    raw = b"".join(read_raw(f, member))
+    method = member.info.compress_type
+    if method == zipfile.ZIP_DEFLATED:
+        data = zlib.decompress(raw, -15)
+    elif method == zipfile.ZIP_STORED:
+        data = raw
+    else:
+        raise ZipFormatError(f"member {member.name}: compression method {method} is not supported.")
+    if zlib.crc32(data) != member.info.CRC or len(data) != member.info.file_size:
+        raise ZipFormatError(f"member {member.name}: its CRC or size does not match its content.")
+    return data
 
 
 def dos_datetime(date_time: tuple[int, int, int, int, int, int]) -> tuple[int, int]:
@@ -283,7 +298,9 @@ class ZipWriter:
         crc = zlib.crc32(data)
         offset = self._pos
         self._write(
-            _local_header(raw_name, flags, zipfile.ZIP_DEFLATED, date_time, crc, len(comp), len(data))
+            _local_header(
+                raw_name, flags, zipfile.ZIP_DEFLATED, date_time, crc, len(comp), len(data)
+            )
         )
         self._write(comp)
         dostime, dosdate = dos_datetime(date_time)

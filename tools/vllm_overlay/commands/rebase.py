@@ -1,17 +1,193 @@
-"""vllm-overlay rebase (placeholder until implemented)."""
+"""vllm-overlay rebase: move the overlay to another vLLM release."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay import rebase
+from vllm_overlay.commands._options import add_checkout, add_index_url, add_source
+from vllm_overlay.errors import UsageError
+from vllm_overlay.project import find_project
 
-HELP = "(not implemented yet)"
+HELP = "move the overlay to a new vLLM release: keep, refresh, drop, or stop on a conflict"
+DESCRIPTION = """\
+Move the overlay to another release, change by change, in overlay.toml order:
+
+  dropped    its drop_when holds for the new version, or the new tree already has it (the
+             patch applies in reverse, or the three-way merge leaves upstream's file
+             unchanged). Its tests then run against the new upstream WITHOUT the change
+             (our own test files placed beside upstream's under fresh names); if they fail,
+             the rebase stops: upstream's version does not do what ours did.
+  kept       it applies unchanged (the exported patch is byte-identical).
+  refreshed  it merges cleanly onto the new code; the patch gets the new context.
+  stop       a conflict (a real three-way merge against the old base leaves diff3 markers
+             in the checkout), a file we add that upstream now also has (a collision), or a
+             touched file upstream deleted or renamed (git's rename candidates are listed).
+             Resolve in the checkout, then --continue; or --abort.
+
+Only when every change is settled are upstream.lock (the new pin: version, tag, commit,
+artifact hashes, base hashes), overlay/ (exported from the checkout) and overlay.toml
+(dropped changes moved to [[dropped]] with the version and the proof; revision bumped)
+written. --abort restores upstream.lock, overlay/ and the checkout as they were. State is
+kept in .work/rebase/, so --continue and --abort work from a new shell.
+
+  vllm-overlay rebase --to 0.25.0 [--commit SHA]
+  vllm-overlay rebase --to latest
+  vllm-overlay rebase --continue
+  vllm-overlay rebase --abort
+
+The new pin's full commit comes from the git remote's tag; without network access to it,
+pass --commit SHA (checked against the commit the sdist records), with --to or, when the
+rebase asks for it before writing the lock, with --continue. --to also takes a full
+commit id (its release is found from the remote's tags). Exit status: 0 complete, 1 stopped
+(the report says why and what to do), 2 usage error.
+"""
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    pass
+def configure(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument(
+        "--to",
+        metavar="VERSION|COMMIT",
+        help="the release to move to (e.g. 0.25.0), `latest` (newest on the index), "
+        "or the full commit id of a release",
+    )
+    g.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving")
+    g.add_argument("--abort", action="store_true", help="put everything back as it was")
+    p.add_argument(
+        "--commit",
+        help="the new release's full commit id, where the git remote is unreachable (with "
+        "--to, or later with --continue)",
+    )
+    add_source(p)
+    add_index_url(p)
+    add_checkout(p)
+    p.add_argument(
+        "--test-python",
+        metavar="PATH",
+        help="run dropped changes' tests with this Python (it needs pytest; the tree goes on "
+        "PYTHONPATH) instead of vLLM's CPU test environment",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+
+
+def _options_only_with_to(args: argparse.Namespace) -> None:
+    if args.to:
+        return
+    names = ("git_url", "index_url", "checkout", "test_python")
+    if args.abort:
+        names = ("commit", *names)
+    given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name)]
+    if args.source != "sdist":
+        given.append("--source")
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} go(es) with --to; --continue and --abort use what the rebase "
+            "started with (--continue takes only --commit, the new release's commit id)."
+        )
 
 
 def run(args: argparse.Namespace) -> int:
-    raise OverlayError("vllm-overlay rebase is not implemented yet")
+    _options_only_with_to(args)
+    project = find_project()
+    if args.abort:
+        rep = rebase.abort(project)
+    elif args.cont:
+        rep = rebase.continue_(project, commit=args.commit)
+    else:
+        rep = rebase.start(
+            project,
+            args.to,
+            commit=args.commit,
+            source=args.source,
+            index_url=args.index_url,
+            git_url=args.git_url,
+            checkout=args.checkout,
+            test_python=args.test_python,
+        )
+    if args.json:
+        print(json.dumps(rep, indent=2, sort_keys=True))
+    else:
+        print(render(rep))
+    if rep["status"] == "stopped":
+        s = rep["stopped_at"]
+        print(
+            f"vllm-overlay rebase: stopped ({s['status']}"
+            + (f" at change {s['id']}" if s["id"] else "")
+            + "); see above for what to do.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def render(rep: dict) -> str:
+    """The report for people: one screen."""
+    if rep["status"] == "noop":
+        return rep["message"]
+    if rep["status"] == "aborted":
+        return (
+            f"rebase aborted: upstream.lock, overlay/ and {rep['checkout']} are back at "
+            f"{rep['from']['version']}."
+        )
+    to = rep["to"]
+    head = f"rebase {to['name']} {rep['from']['version']} -> {to['version']}"
+    lines = []
+    if rep["status"] == "complete":
+        lines.append(f"{head}: complete")
+    elif rep["stopped_at"]["status"] == rebase.STOP_COMMIT:
+        lines.append(f"{head}: STOPPED before writing the new pin (commit-unknown)")
+    else:
+        s = rep["stopped_at"]
+        lines.append(f"{head}: STOPPED at change {s['id']} ({s['status']})")
+    for c in rep["changes"]:
+        lines += _render_change(c)
+    if rep["status"] == "complete":
+        lines += _render_pin(to)
+        rev = rep["revision"]
+        if rev["from"] != rev["to"]:
+            lines.append(f"overlay revision {rev['from']} -> {rev['to']}")
+        wrote = ", ".join(rep["written"] + [f"removed {p}" for p in rep["removed"]])
+        lines.append(f"wrote {wrote}")
+        lines.append(f"checkout {rep['checkout']}: {to['version']} + the overlay")
+    else:
+        lines.append(f"checkout: {rep['checkout']}")
+        lines += ["next: " + s for s in rep["stopped_at"]["next_steps"]]
+    return "\n".join(lines)
+
+
+def _render_change(c: dict) -> list[str]:
+    status = c["status"]
+    out = [f"  {status:11} {c['id']}"]
+    if status == rebase.DROPPED:
+        out[0] += f": {c['reason']}"
+        out.append(f"              proof: {c['proof']}")
+    elif status in (rebase.KEPT, rebase.REFRESHED, rebase.RESOLVED):
+        extra = []
+        if c.get("renamed"):
+            extra.append("moved " + ", ".join(f"{a} -> {b}" for a, b in c["renamed"].items()))
+        if c.get("removed_files"):
+            extra.append("no longer touches " + ", ".join(c["removed_files"]))
+        if c.get("added_files"):
+            extra.append("now also touches " + ", ".join(c["added_files"]))
+        if extra:
+            out[0] += " (" + "; ".join(extra) + ")"
+    elif status == rebase.STOP_TESTS:
+        run_ = c.get("test_run") or {}
+        out[0] += f": {c.get('reason')}"
+        out.append(f"              its tests FAILED without it: {run_.get('summary', '')}")
+        if run_.get("first_error"):
+            out.append(f"              first error: {run_['first_error']}")
+    elif status in rebase.STOP_KINDS:
+        for p in c["problems"]:
+            out.append(f"              {p['path']}: {p['kind']}: {p['detail']}")
+    return out
+
+
+def _render_pin(to: dict) -> list[str]:
+    lines = [f"new pin: {to['name']} {to['version']} (tag {to['tag']}, commit {to['commit']})"]
+    for a in to["artifacts"]:
+        lines.append(f"  {a['kind']:5} {a['filename']} sha256 {a['sha256']} ({a['size']} bytes)")
+    return lines

@@ -176,7 +176,22 @@ def _hybrid_kv_cache_config(vllm_config: VllmConfig) -> KVCacheConfig:
         )
     specs[HIDDEN_LAYER] = _hidden(block_size=GLOBAL_BLOCK_SIZE)
     groups = get_kv_cache_groups(vllm_config, specs)
-    return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+    return KVCacheConfig(
+        num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
+    )
+
+
+def _simple_hybrid_kv_cache_config() -> KVCacheConfig:
+    """The same grouping, written out: vLLM's grouping relies on ``assert``
+    (``FullAttentionSpec.merge``), so it cannot run under ``python -O``."""
+    return KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["model.layers.3.self_attn.attn"], _full()),
+            KVCacheGroupSpec([HIDDEN_LAYER], _hidden()),
+        ],
+    )
 
 
 def _hidden_group_id(kv_cache_config: KVCacheConfig) -> int:
@@ -199,17 +214,31 @@ def _connector(
 
 
 def _worker(
-    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, monkeypatch
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    monkeypatch,
+    construct_layer: bool = True,
 ) -> ExampleHiddenStatesConnector:
     """The worker-side connector with the hidden-states layer registered, as the
-    model runner builds them (tensor-parallel rank 0, no process group)."""
+    model runner builds them (tensor-parallel rank 0, no process group).
+
+    ``construct_layer=False`` registers the layer without running its
+    constructor, which relies on ``assert`` (``AttentionImpl.__new__`` catches
+    the AssertionError of an uninitialized context-parallel group) and so
+    cannot run under ``python -O``; the connector only looks at its type.
+    """
     monkeypatch.setattr(
         hs_connector_module, "get_tensor_model_parallel_rank", lambda: 0
     )
-    with set_current_vllm_config(vllm_config):
-        CacheOnlyAttentionLayer(
-            num_heads=NUM_AUX, head_size=HIDDEN_SIZE, prefix=HIDDEN_LAYER
-        )
+    if construct_layer:
+        with set_current_vllm_config(vllm_config):
+            CacheOnlyAttentionLayer(
+                num_heads=NUM_AUX, head_size=HIDDEN_SIZE, prefix=HIDDEN_LAYER
+            )
+    else:
+        layer = CacheOnlyAttentionLayer.__new__(CacheOnlyAttentionLayer)
+        forward_context = vllm_config.compilation_config.static_forward_context
+        forward_context[HIDDEN_LAYER] = layer
     return _connector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
 
 
@@ -281,9 +310,7 @@ def test_find_group_id_mla_verifier_absorbs_hidden_states(tmp_path):
     # Precondition: the hidden-states layer was absorbed into a shared group.
     assert len(groups) > 1
     assert not any(isinstance(g.kv_cache_spec, HiddenStateCacheSpec) for g in groups)
-    assert any(
-        HIDDEN_LAYER in g.layer_names and len(g.layer_names) > 1 for g in groups
-    )
+    assert any(HIDDEN_LAYER in g.layer_names and len(g.layer_names) > 1 for g in groups)
     config = KVCacheConfig(
         num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
     )
@@ -332,10 +359,10 @@ def test_scheduler_and_worker_use_the_same_group(tmp_path, monkeypatch):
 
 @needs_fix
 def test_register_kv_caches_rejects_block_size_mismatch(tmp_path, monkeypatch):
-    """A plain ``raise``, so it holds under ``python -O`` too (asserts don't)."""
+    """A plain ``raise``, so it holds under ``python -O`` too (asserts don't).
+    This test and the next one are written to run under ``python -O``."""
     vllm_config = _vllm_config(tmp_path)
-    kv_cache_config = _hybrid_kv_cache_config(vllm_config)
-    worker = _worker(vllm_config, kv_cache_config, monkeypatch)
+    worker = _worker(vllm_config, _simple_hybrid_kv_cache_config(), monkeypatch, False)
     wrong = 33
     both_sizes = rf"(?s)(?=.*\b{HIDDEN_BLOCK_SIZE}\b)(?=.*\b{wrong}\b)"
     with pytest.raises(ValueError, match=both_sizes):
@@ -344,8 +371,7 @@ def test_register_kv_caches_rejects_block_size_mismatch(tmp_path, monkeypatch):
 
 def test_register_kv_caches_accepts_matching_buffer(tmp_path, monkeypatch):
     vllm_config = _vllm_config(tmp_path)
-    kv_cache_config = _hybrid_kv_cache_config(vllm_config)
-    worker = _worker(vllm_config, kv_cache_config, monkeypatch)
+    worker = _worker(vllm_config, _simple_hybrid_kv_cache_config(), monkeypatch, False)
     worker.register_kv_caches({HIDDEN_LAYER: _hidden_states_buffer(HIDDEN_BLOCK_SIZE)})
     assert worker.cache_layers == [HIDDEN_LAYER]
 
@@ -413,9 +439,7 @@ def _no_sync_checks(fn) -> list[str]:
     compiled = torch.compile(fn, fullgraph=True, backend="eager", dynamic=False)
     try:
         compiled(to_cache, torch.zeros(4, 4, 2, 3), slot_mapping)
-    except torch._dynamo.exc.Unsupported:
-        failed.append("fullgraph")
-    except torch._dynamo.exc.UserError:
+    except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError):
         failed.append("fullgraph")
     finally:
         torch._dynamo.reset()
@@ -515,10 +539,14 @@ def test_hybrid_verifier_hidden_states_round_trip(tmp_path, monkeypatch, cpu_cop
 
     # The forward passes cache the hidden states (two prefill chunks, each
     # padded with -1 slots as in a padded batch).
-    expected = torch.randn(num_tokens, NUM_AUX, HIDDEN_SIZE, dtype=DTYPE) + 3.0
+    generator = torch.Generator().manual_seed(0)
+    shape = (num_tokens, NUM_AUX, HIDDEN_SIZE)
+    expected = torch.randn(shape, generator=generator, dtype=DTYPE) + 3.0
     padding = torch.full((2, NUM_AUX, HIDDEN_SIZE), 99.0, dtype=DTYPE)
     for chunk in (range(0, 20), range(20, num_tokens)):
-        slot_mapping = _group_slot_mapping(block_ids[group_id], chunk, HIDDEN_BLOCK_SIZE)
+        slot_mapping = _group_slot_mapping(
+            block_ids[group_id], chunk, HIDDEN_BLOCK_SIZE
+        )
         basic_cache(
             torch.cat([expected[chunk.start : chunk.stop], padding]),
             kv_cache,

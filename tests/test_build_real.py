@@ -1,0 +1,190 @@
+"""Build the real overlay on the real vLLM release (network: the release files are fetched
+through the configured index once, then cached in ~/.cache/vllm-overlay).
+
+The project's upstream.lock and overlay/ are copied into a temporary project, so the
+build's scratch space (.work/) and outputs stay in temporary directories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REAL_HOME
+from fixtures_build import last_line, members, torch_stub
+from vllm_overlay.checkout import plan
+from vllm_overlay.project import Project
+from vllm_overlay.trees import upstream_repo
+from vllm_overlay.wheeldiff import member_diff
+from vllm_overlay.wheelmeta import version_py_version
+
+pytestmark = pytest.mark.network
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEEL_RE = r"vllm-0\.24\.0\+ovl\.\d+\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
+CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
+EXTRACT = "vllm/model_executor/models/extract_hidden_states.py"
+# vLLM 0.24.0's requirements/build/cuda.txt without torch, cmake and ninja: what its setup.py
+# imports. torch comes from a stub (precompiled) or is not needed beyond import (empty).
+BUILD_REQUIREMENTS = [
+    "packaging>=24.2",
+    "setuptools>=77.0.3,<81.0.0",
+    "setuptools-scm>=8",
+    "setuptools-rust>=1.9.0",
+    "wheel",
+    "jinja2>=3.1.6",
+    "regex",
+    "build",
+    "protobuf >= 5.29.6, !=6.30.*, !=6.31.*, !=6.32.*, !=6.33.0.*, !=6.33.1.*, !=6.33.2.*, "
+    "!=6.33.3.*, !=6.33.4.*",
+]
+
+
+@pytest.fixture
+def real_project(tmp_path: Path) -> Path:
+    if not (ROOT / "upstream.lock").is_file():
+        pytest.skip("the project has no upstream.lock")
+    dest = tmp_path / "project"
+    dest.mkdir()
+    shutil.copy(ROOT / "upstream.lock", dest / "upstream.lock")
+    shutil.copytree(ROOT / "overlay", dest / "overlay")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def build_python() -> str:
+    """A virtualenv with vLLM's Python build requirements, made once and cached."""
+    cache = Path(os.environ.get("VLLM_OVERLAY_CACHE") or Path(REAL_HOME, ".cache", "vllm-overlay"))
+    key = hashlib.sha256("\n".join(BUILD_REQUIREMENTS).encode()).hexdigest()[:16]
+    env = cache / "test-buildenv" / key
+    python = env / "bin" / "python"
+    if not python.exists():
+        tmp = env.with_name(env.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True)
+        subprocess.run(
+            [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", *BUILD_REQUIREMENTS],
+            check=True,
+        )
+        tmp.rename(env)
+    return str(python)
+
+
+def patched_files(project: Path) -> dict[str, bytes]:
+    p = Project(project)
+    lock, overlay = p.lock(), p.overlay()
+    repo, base = upstream_repo(lock)
+    return {path: data for pc in plan(lock, overlay, repo, base) for path, data in pc.files.items()}
+
+
+def build(cli, project: Path, out: Path, *extra: str) -> Path:
+    res = cli("build", "--out", str(out), *extra, cwd=project)
+    assert res.rc == 0, res.err
+    return Path(last_line(res.out))
+
+
+def official_wheel(project: Path) -> Path:
+    from vllm_overlay.artifacts import ensure_artifact
+
+    return ensure_artifact(Project(project).lock().wheel())
+
+
+def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_project, tmp_path):
+    wheel = build(cli, real_project, tmp_path / "dist")
+    assert re.fullmatch(WHEEL_RE, wheel.name), wheel.name
+    version = wheel.name.split("-")[1]
+    again = build(cli, real_project, tmp_path / "again")
+    assert (
+        hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(wheel.read_bytes()).digest()
+    )
+
+    res = cli("verify", str(wheel), cwd=real_project)
+    assert res.rc == 0, res.err
+
+    diff = member_diff(official_wheel(real_project), wheel)
+    di = f"vllm-{version}.dist-info"
+    assert diff.changed == sorted(
+        [CONNECTOR, EXTRACT, "vllm/_version.py", f"{di}/METADATA", f"{di}/RECORD"]
+    )
+    assert diff.added == [f"{di}/vllm_overlay.json"] and diff.removed == []
+    assert diff.identical > 4000
+
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--isolated", "install", "-q", "--no-deps", "--no-index",
+         "--no-compile", "--target", str(target), str(wheel)],
+        check=True,
+    )  # fmt: skip
+    code = "import importlib.metadata as m, sys; print(next(m.distributions(name='vllm', path=[sys.argv[1]])).version)"
+    out = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True)
+    assert out.stdout.strip() == version, out.stderr
+    assert version_py_version((target / "vllm/_version.py").read_bytes()) == version
+    tree = patched_files(real_project)
+    for path in (CONNECTOR, EXTRACT):
+        assert (target / path).read_bytes() == tree[path]
+    assert not (target / "tests").exists()
+
+    inspect = cli("inspect", "--installed", "--path", str(target))
+    assert inspect.rc == 0, inspect.err
+    assert "hybrid-hidden-states-block-size" in inspect.out
+    assert "commit ee0da84ab9e04ac7610e28580af62c365e898389" in inspect.out
+
+
+def test_real_precompiled_build_with_vllms_setup_py(
+    cli, real_project, tmp_path, build_python, monkeypatch
+):
+    """vLLM's own setup.py, VLLM_USE_PRECOMPILED=1 from the cached official wheel. The build
+    environment's torch is a stub reporting CUDA 13.0 (the real one is 4.7 GB); vLLM uses it
+    only to choose the CUDA target, and verify checks the kernels are the official ones."""
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda="13.0")))
+    wheel = build(
+        cli, real_project, tmp_path / "dist", "--strategy", "precompiled", "--python", build_python
+    )
+    assert re.fullmatch(WHEEL_RE, wheel.name), wheel.name
+    doc = json.loads(next(d for n, d in members(wheel).items() if n.endswith("vllm_overlay.json")))
+    assert doc["strategy"] == "precompiled"
+    diff = member_diff(official_wheel(real_project), wheel)
+    di = f"vllm-{wheel.name.split('-')[1]}.dist-info"
+    assert diff.changed == sorted(
+        [CONNECTOR, EXTRACT, "vllm/_version.py", f"{di}/METADATA", f"{di}/RECORD"]
+    )
+    assert diff.added == [f"{di}/vllm_overlay.json"] and diff.removed == []
+
+
+def test_real_precompiled_refuses_a_cpu_torch(
+    cli, real_project, tmp_path, build_python, monkeypatch
+):
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None)))
+    res = cli(
+        "build", "--out", str(tmp_path / "dist"), "--strategy", "precompiled",
+        "--python", build_python, cwd=real_project,
+    )  # fmt: skip
+    assert res.rc == 1
+    assert "is not a CUDA build" in res.err and "+cpu" in res.err
+    assert not (tmp_path / "dist").exists()
+
+
+def test_real_source_driver_with_an_empty_target(
+    cli, real_project, tmp_path, build_python, monkeypatch
+):
+    """The source strategy's driver on vLLM's real setup.py; VLLM_TARGET_DEVICE=empty runs the
+    same code without compiling (this machine cannot: CMake clones the kernels' sources)."""
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None)))
+    wheel = build(
+        cli, real_project, tmp_path / "dist", "--strategy", "source", "--target-device", "empty",
+        "--python", build_python,
+    )  # fmt: skip
+    assert re.fullmatch(
+        r"vllm-0\.24\.0\+ovl\.\d+\.g[0-9a-f]{8}\.empty-cp38-abi3-linux_x86_64\.whl", wheel.name
+    )
+    got = members(wheel)
+    tree = patched_files(real_project)
+    assert got[CONNECTOR] == tree[CONNECTOR] and got[EXTRACT] == tree[EXTRACT]
+    assert not any(n.endswith(".so") for n in got)

@@ -1,0 +1,114 @@
+"""The overlay's own tests, run with vLLM's pytest on the patched and on the pristine tree.
+
+On the tree `vllm-overlay apply` makes, every test of every change must pass. On pristine
+vLLM 0.24.0 (with our test files added), the tests that need a fix are marked
+``xfail(strict=True)`` by ``VLLM_OVERLAY_TREE=pristine``: pytest must report each as
+xfailed (a strict xfail that passes is a failure), so the behavioural tests are proven to
+fail without the fix. Both runs print a one-screen summary.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from vllm_overlay.checkout import apply_overlay
+from vllm_overlay.lockfile import read_lock
+from vllm_overlay.overlay import load_overlay
+from vllm_overlay.testenv import ensure_testenv
+
+ROOT = Path(__file__).resolve().parents[1]
+END_TO_END = "test_hybrid_verifier_hidden_states_round_trip"
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+
+def overlay_tests() -> list[str]:
+    return [t for change in load_overlay(ROOT / "overlay").changes for t in change.tests]
+
+
+@pytest.fixture
+def patched_tree(tmp_path) -> Path:
+    """The pinned vLLM tree with the overlay applied, as `vllm-overlay apply` makes it."""
+    lock, overlay = read_lock(ROOT / "upstream.lock"), load_overlay(ROOT / "overlay")
+    return apply_overlay(lock, overlay, tmp_path / "patched").checkout
+
+
+@pytest.fixture
+def pristine_tree(tmp_path) -> Path:
+    """Pristine vLLM at the pin, plus the test files the overlay adds (and nothing else)."""
+    overlay = load_overlay(ROOT / "overlay")
+    tree = apply_overlay(read_lock(ROOT / "upstream.lock"), None, tmp_path / "pristine").checkout
+    for path in {t.split("::")[0] for t in overlay_tests()}:
+        added = overlay.whole_file(path)
+        if added.is_file():
+            dest = tree / path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(added, dest)
+    return tree
+
+
+def outcomes(junit_xml: Path) -> dict[str, str]:
+    """test name -> passed | failed | error | skipped | xfailed, from pytest's JUnit XML."""
+    result = {}
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed" if child.tag == "failure" else "error"
+            elif child.tag == "skipped" and outcome == "passed":
+                outcome = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
+        result[case.get("name")] = outcome
+    return result
+
+
+def run_overlay_tests(tree: Path, kind: str, tmp_path: Path, capsys) -> dict[str, str]:
+    env = ensure_testenv(tree)
+    work = tmp_path / f"work-{kind}"
+    environ = env.environ(work, tree)
+    environ["VLLM_OVERLAY_TREE"] = kind
+    run_dir = work / "run"  # some vLLM tests write into the current directory
+    run_dir.mkdir()
+    junit = work / "junit.xml"
+    cmd = [
+        str(env.python),
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rA",
+        f"--junitxml={junit}",
+        *(str(tree / t) for t in overlay_tests()),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=run_dir, env=environ, capture_output=True, text=True, timeout=600
+    )
+    results = outcomes(junit) if junit.is_file() else {}
+    summary = [line for line in proc.stdout.splitlines() if line.startswith(("=", "PASSED"))]
+    summary += [line for line in proc.stdout.splitlines() if line.startswith(("XFAIL", "FAIL"))]
+    with capsys.disabled():
+        print(f"\n--- overlay tests on the {kind} tree ({tree}): pytest exit {proc.returncode}")
+        print("\n".join(line for line in summary if "short test summary" not in line))
+    assert results, f"no test ran on the {kind} tree:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return results
+
+
+def test_overlay_tests_pass_on_the_patched_tree(patched_tree, tmp_path, capsys):
+    results = run_overlay_tests(patched_tree, "patched", tmp_path, capsys)
+    assert END_TO_END in results
+    not_passed = {name: o for name, o in results.items() if o != "passed"}
+    assert not not_passed
+
+
+def test_fix_dependent_tests_fail_on_the_pristine_tree(pristine_tree, tmp_path, capsys):
+    results = run_overlay_tests(pristine_tree, "pristine", tmp_path, capsys)
+    # Strict xfail: a fix-dependent test that passed on pristine is reported as failed.
+    failed = {name: o for name, o in results.items() if o in ("failed", "error", "skipped")}
+    assert not failed
+    assert results[END_TO_END] == "xfailed"
+    xfailed = sorted(name for name, o in results.items() if o == "xfailed")
+    assert len(xfailed) > len(results) // 2, xfailed

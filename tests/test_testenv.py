@@ -1,0 +1,333 @@
+"""The CPU test environment: its recipe, its cache entry, the environment it gives a run.
+
+The unit tests use small fake vLLM trees and a fake build (no pip, no network); the one
+``network`` test builds the real environment from the pinned vLLM tree and imports vLLM
+from that tree through it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import tomllib
+from vllm_overlay import testenv, util
+from vllm_overlay.errors import BusyError, OverlayError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+COMMON = """\
+regex # Replace re for higher-performance regex matching
+numpy
+transformers >= 5.5.3
+protobuf >= 5.29.6, !=6.30.*  # CVE
+llguidance >= 1.7.0, < 1.8.0; platform_machine == "x86_64"
+"""
+
+
+def make_tree(root: Path, common: str = COMMON, **extra: str) -> Path:
+    """A fake vLLM tree: requirements/common.txt (and any other requirements files)."""
+    req = root / "requirements"
+    req.mkdir(parents=True)
+    (req / "common.txt").write_text(common)
+    for name, text in extra.items():
+        (req / name).write_text(text)
+    return root
+
+
+def fake_build(calls: list[str]):
+    """A stand-in for testenv._build: writes what a complete environment has, no pip."""
+
+    def build(rec: testenv.Recipe, staging: Path) -> str:
+        calls.append(rec.hash)
+        python = staging / testenv.VENV / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        python.write_text("")
+        marker = {"recipe_hash": rec.hash, "torch_version": "2.13.0+cpu"}
+        (staging / testenv.MARKER).write_text(json.dumps(marker))
+        return "2.13.0+cpu"
+
+    return build
+
+
+def no_subprocess(*args, **kwargs):
+    raise AssertionError(f"unexpected subprocess: {args}")
+
+
+# ---- the recipe ---------------------------------------------------------------------------
+
+
+def test_recipe_reads_the_requirement_lines_of_the_tree(tmp_path):
+    rec = testenv.recipe(make_tree(tmp_path))
+    assert rec.requirements == (
+        "regex",
+        "numpy",
+        "transformers >= 5.5.3",
+        "protobuf >= 5.29.6, !=6.30.*",
+        'llguidance >= 1.7.0, < 1.8.0; platform_machine == "x86_64"',
+    )
+    assert rec.python == "3.11"
+    assert rec.torch == "torch==2.13.0"
+    assert "ray==2.48.0" in rec.test_tools and "msgpack==1.1.0" in rec.test_tools
+    assert any(t.startswith("pytest==") for t in rec.test_tools)
+
+
+def test_recipe_hash_is_stable_for_the_same_requirements(tmp_path):
+    a = testenv.recipe(make_tree(tmp_path / "a"))
+    b = testenv.recipe(make_tree(tmp_path / "b"))
+    assert a.hash == b.hash == testenv.recipe(tmp_path / "a").hash
+    assert len(a.hash) == 16
+
+
+def test_recipe_hash_ignores_comments_and_spacing(tmp_path):
+    a = testenv.recipe(make_tree(tmp_path / "a"))
+    reformatted = "# a header comment\n\n" + COMMON.replace("numpy", "numpy   # arrays")
+    b = testenv.recipe(make_tree(tmp_path / "b", reformatted))
+    assert a.hash == b.hash
+
+
+def test_recipe_hash_changes_when_common_txt_changes(tmp_path):
+    a = testenv.recipe(make_tree(tmp_path / "a"))
+    b = testenv.recipe(make_tree(tmp_path / "b", COMMON.replace(">= 5.5.3", ">= 5.6.0")))
+    c = testenv.recipe(make_tree(tmp_path / "c", COMMON + "einops\n"))
+    assert len({a.hash, b.hash, c.hash}) == 3
+
+
+def test_recipe_follows_includes(tmp_path):
+    tree = make_tree(tmp_path, "-r base.txt\nnumpy\n", **{"base.txt": "regex  # fast\n"})
+    assert testenv.recipe(tree).requirements == ("regex", "numpy")
+
+
+def test_recipe_refuses_other_pip_options(tmp_path):
+    tree = make_tree(tmp_path, "--extra-index-url https://example.invalid/simple\nnumpy\n")
+    with pytest.raises(OverlayError, match="unsupported pip option line"):
+        testenv.recipe(tree)
+
+
+def test_recipe_refuses_include_cycles(tmp_path):
+    tree = make_tree(tmp_path, "-r other.txt\n", **{"other.txt": "-r common.txt\n"})
+    with pytest.raises(OverlayError, match="include each other"):
+        testenv.recipe(tree)
+
+
+def test_recipe_of_a_directory_that_is_no_vllm_tree(tmp_path):
+    with pytest.raises(OverlayError, match=r"requirements/common\.txt.*--tree DIR"):
+        testenv.recipe(tmp_path)
+
+
+def test_platform_plugin_selects_the_cpu_platform(tmp_path):
+    files = dict(testenv.recipe(make_tree(tmp_path)).plugin_files)
+    pyproject = tomllib.loads(files["pyproject.toml"])
+    entry_points = pyproject["project"]["entry-points"]["vllm.platform_plugins"]
+    assert entry_points == {testenv.PLUGIN_ENTRY_POINT: f"{testenv.PLUGIN_MODULE}:cpu_platform"}
+    namespace: dict[str, object] = {}
+    exec(files[f"{testenv.PLUGIN_MODULE}.py"], namespace)
+    assert namespace["cpu_platform"]() == "vllm.platforms.cpu.CpuPlatform"
+
+
+def test_hf_cache_holds_the_opt_125m_config(tmp_path):
+    models = dict(testenv.recipe(make_tree(tmp_path)).hf_models)
+    config = json.loads(models["facebook/opt-125m"])
+    assert config["model_type"] == "opt"
+    assert config["architectures"] == ["OPTForCausalLM"]
+
+
+# ---- the environment of a run -------------------------------------------------------------
+
+
+def an_env(tmp_path: Path) -> testenv.TestEnv:
+    path = tmp_path / "env"
+    return testenv.TestEnv(
+        path=path, python=path / "venv" / "bin" / "python", recipe_hash="0" * 16, torch_version="x"
+    )
+
+
+def test_environ_keeps_temporary_files_inside_the_workdir(tmp_path):
+    env = an_env(tmp_path)
+    workdir, tree = tmp_path / "work", tmp_path / "tree"
+    environ = env.environ(workdir, tree)
+    for key in (
+        "TMPDIR",
+        "RAY_TMPDIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "VLLM_CACHE_ROOT",
+    ):
+        path = Path(environ[key])
+        assert path.is_relative_to(workdir.resolve()), key
+        assert path.is_dir(), key
+
+
+def test_environ_runs_vllm_from_the_tree_offline_on_cpu(tmp_path):
+    env = an_env(tmp_path)
+    tree = tmp_path / "tree"
+    environ = env.environ(tmp_path / "work", tree)
+    assert environ["PYTHONPATH"] == str(tree.resolve())
+    assert environ["HF_HUB_OFFLINE"] == "1"
+    assert environ["HF_HOME"] == str(env.path / testenv.HF_HOME)
+    assert environ["VLLM_TARGET_DEVICE"] == "cpu"
+    assert environ["VLLM_NO_USAGE_STATS"] == "1"
+    assert environ["PATH"].split(os.pathsep)[0] == str(env.python.parent)
+
+
+def test_environ_drops_variables_that_would_leak(tmp_path, monkeypatch):
+    for key in ("VIRTUAL_ENV", "PYTHONHOME", "VLLM_PLUGINS", "VLLM_OVERLAY_TREE", "PYTEST_ADDOPTS"):
+        monkeypatch.setenv(key, "leak")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setenv("SOME_SETTING", "kept")
+    environ = an_env(tmp_path).environ(tmp_path / "work", tmp_path / "tree")
+    assert "leak" not in environ.values()
+    assert "/elsewhere" not in environ["PYTHONPATH"]
+    assert environ["SOME_SETTING"] == "kept"
+
+
+# ---- the cache entry ----------------------------------------------------------------------
+
+
+def test_ensure_builds_once_then_returns_at_once(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "tree")
+    calls: list[str] = []
+    monkeypatch.setattr(testenv, "_build", fake_build(calls))
+    first = testenv.ensure_testenv(tree)
+    assert first.path == util.cache_dir() / "testenv" / testenv.recipe(tree).hash
+    assert first.torch_version == "2.13.0+cpu"
+    monkeypatch.setattr(testenv, "_build", no_subprocess)
+    monkeypatch.setattr(util, "run", no_subprocess)
+    assert testenv.ensure_testenv(tree) == first
+    assert calls == [first.recipe_hash]
+
+
+def test_a_new_requirements_file_gets_a_new_environment(tmp_path, monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(testenv, "_build", fake_build(calls))
+    a = testenv.ensure_testenv(make_tree(tmp_path / "a"))
+    b = testenv.ensure_testenv(make_tree(tmp_path / "b", COMMON + "einops\n"))
+    assert a.path != b.path and a.path.is_dir() and b.path.is_dir()
+    assert len(calls) == 2
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "tree")
+
+    def failing_build(rec, staging):
+        (staging / testenv.VENV).mkdir()
+        (staging / testenv.VENV / "half").write_text("")
+        raise OverlayError("pip failed")
+
+    monkeypatch.setattr(testenv, "_build", failing_build)
+    with pytest.raises(OverlayError, match="pip failed"):
+        testenv.ensure_testenv(tree)
+    assert sorted(p.name for p in testenv.root().iterdir()) == [".lock"]
+
+
+def test_an_unfinished_environment_is_rebuilt(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "tree")
+    final = testenv.root() / testenv.recipe(tree).hash
+    (final / testenv.VENV / "bin").mkdir(parents=True)  # no marker: a killed build
+    stale = testenv.root() / f"{final.name}.build-x"
+    stale.mkdir()
+    calls: list[str] = []
+    monkeypatch.setattr(testenv, "_build", fake_build(calls))
+    env = testenv.ensure_testenv(tree)
+    assert calls and (env.path / testenv.MARKER).is_file()
+    assert not stale.exists()
+
+
+def test_rebuild_replaces_a_complete_environment(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "tree")
+    calls: list[str] = []
+    monkeypatch.setattr(testenv, "_build", fake_build(calls))
+    env = testenv.ensure_testenv(tree)
+    (env.path / "old-file").write_text("")
+    again = testenv.ensure_testenv(tree, rebuild=True)
+    assert again.path == env.path and len(calls) == 2
+    assert not (env.path / "old-file").exists()
+    assert sorted(p.name for p in testenv.root().iterdir()) == [".lock", env.path.name]
+
+
+def test_a_second_builder_stops_at_once(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "tree")
+    monkeypatch.setattr(testenv, "_build", no_subprocess)
+    with util.exclusive_lock(testenv.root() / ".lock", "test"):
+        with pytest.raises(BusyError, match="another vllm-overlay process"):
+            testenv.ensure_testenv(tree)
+
+
+# ---- the command --------------------------------------------------------------------------
+
+
+def test_print_recipe(cli, tmp_path):
+    tree = make_tree(tmp_path / "tree")
+    res = cli("testenv", "--tree", tree, "--print-recipe")
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)
+    assert doc["hash"] == testenv.recipe(tree).hash
+    assert doc["recipe"]["torch"] == "torch==2.13.0"
+    assert not (util.cache_dir() / "testenv").exists()
+
+
+def test_command_builds_and_prints_the_path(cli, tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "tree")
+    monkeypatch.setattr(testenv, "_build", fake_build([]))
+    res = cli("testenv", "--tree", tree)
+    assert res.rc == 0, res.err
+    assert res.out.strip() == str(testenv.root() / testenv.recipe(tree).hash)
+    assert "torch 2.13.0+cpu" in res.err
+
+
+def test_command_needs_a_vllm_tree(cli, tmp_path):
+    res = cli("testenv", "--tree", tmp_path / "missing")
+    assert res.rc == 2 and "not a directory" in res.err
+    res = cli("testenv", "--tree", tmp_path)
+    assert res.rc == 1 and "requirements/common.txt" in res.err
+
+
+# ---- the real environment (network) -------------------------------------------------------
+
+
+@pytest.fixture
+def real_tree(tmp_path) -> Path:
+    """The pristine pinned vLLM tree, as `vllm-overlay apply` makes it."""
+    from vllm_overlay.checkout import apply_overlay
+    from vllm_overlay.lockfile import read_lock
+
+    return apply_overlay(read_lock(ROOT / "upstream.lock"), None, tmp_path / "vllm").checkout
+
+
+PROBE = """\
+import json, torch, vllm, transformers
+from vllm.platforms import current_platform
+config = transformers.AutoConfig.from_pretrained("facebook/opt-125m")
+print(json.dumps({
+    "vllm": vllm.__file__,
+    "torch": torch.__version__,
+    "platform": type(current_platform).__name__,
+    "model_type": config.model_type,
+}))
+"""
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_the_real_environment_imports_vllm_from_the_tree(real_tree, tmp_path):
+    env = testenv.ensure_testenv(real_tree)
+    assert (env.path / testenv.MARKER).is_file()
+    assert env.torch_version.startswith("2.13.0")
+    environ = env.environ(tmp_path / "work", real_tree)
+    proc = subprocess.run(
+        [str(env.python), "-c", PROBE],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(probe["vllm"]).resolve().is_relative_to(real_tree.resolve())
+    assert probe["torch"] == env.torch_version
+    assert probe["platform"] == "CpuPlatform"
+    assert probe["model_type"] == "opt"

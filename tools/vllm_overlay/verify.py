@@ -1,0 +1,524 @@
+"""Verify a built wheel: it is what its RECORD, METADATA, provenance and the overlay say.
+
+Checks, each failure naming the member and what differs:
+- zip: the archive reads, no name is stored twice, every member's CRC holds;
+- record: every member has a RECORD row with its sha256 and size, and every row a member;
+- dist-info: exactly one ``.dist-info``, named for the file name's distribution and version;
+- metadata: METADATA's Version is the file name's version;
+- provenance: the record is there, its version is METADATA's, and ``vllm/_version.py``
+  reports the version the record says;
+- changes (with a project): the wheel's copies of the changed files are the patched tree's,
+  files that are not wheel content (tests/) are absent, and the record names this overlay;
+- official (repack): every other member is the official wheel's, compressed bytes and all;
+  (precompiled): the compiled members are the official wheel's, byte for byte;
+- install: ``pip install --no-deps --target`` into a temporary directory succeeds and
+  ``importlib.metadata`` there reports the wheel's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import sys
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from packaging.tags import parse_tag, sys_tags
+from packaging.utils import canonicalize_name
+
+from vllm_overlay.errors import BuildError, OverlayError
+from vllm_overlay.provenance import PROVENANCE_NAME, ChangedFile, parse
+from vllm_overlay.util import run
+from vllm_overlay.wheelmeta import (
+    VERSION_PY,
+    RecordRow,
+    WheelName,
+    dist_info_dirs,
+    metadata_version,
+    parse_name,
+    parse_record,
+    record_hash_from_hex,
+    version_py_version,
+)
+from vllm_overlay.zipcopy import SourceMember, ZipFormatError, locate_members, read_raw
+
+MAX_SHOWN = 25
+
+
+class VerifyError(BuildError):
+    """A wheel failed verification; the message lists each failing member and check."""
+
+    def __init__(self, path: Path, problems: Sequence[str]) -> None:
+        self.path = path
+        self.problems = list(problems)
+        shown = self.problems[:MAX_SHOWN]
+        more = len(self.problems) - len(shown)
+        text = "\n".join(f"  - {p}" for p in shown)
+        if more:
+            text += f"\n  … and {more} more"
+        super().__init__(
+            f"{path.name} failed verification ({len(self.problems)} problem(s)):\n{text}\n"
+            "Do not publish this wheel. Rebuild it with `vllm-overlay build`; if the problem "
+            "persists, it is a bug in the build (report it with this output)."
+        )
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the project says the wheel must hold (absent: check the wheel on its own)."""
+
+    files: Sequence[ChangedFile] = ()
+    overlay_digest: str | None = None
+    upstream_commit: str | None = None
+    official: Path | None = None  # the official wheel, for repack/precompiled identity
+    pinned_wheels: Mapping[str, str] = field(default_factory=dict)  # filename -> sha256
+
+
+@dataclass
+class VerifyResult:
+    path: Path
+    version: str
+    provenance: dict[str, Any] | None
+    passed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Wheel:
+    path: Path
+    name: WheelName
+    zf: zipfile.ZipFile
+    names: list[str]
+    dist_info: str | None = None
+
+    def read(self, member: str) -> bytes | None:
+        try:
+            return self.zf.read(member)
+        except KeyError:
+            return None
+
+
+def verify_wheel(
+    path: Path, expect: Expectation | None = None, *, install: bool = True
+) -> VerifyResult:
+    """Run every check on ``path``; raise VerifyError listing all problems found."""
+    problems: list[str] = []
+    name = _check_name(path)
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise VerifyError(path, [f"zip: the archive cannot be read: {e}"]) from e
+    with zf:
+        w = _Wheel(path, name, zf, [i.filename for i in zf.infolist()])
+        result = VerifyResult(path, name.version, None)
+        steps = [
+            ("zip", lambda: _check_zip(w)),
+            ("record", lambda: _check_record(w)),
+            ("dist-info", lambda: _check_dist_info(w)),
+            ("metadata", lambda: _check_metadata(w)),
+        ]
+        for label, step in steps:
+            _run_step(label, step, problems, result)
+        doc, prov_problems = _check_provenance(w)
+        result.provenance = doc
+        _record(problems, result, "provenance", prov_problems)
+        if expect is not None:
+            _run_step("changes", lambda: _check_changes(w, doc, expect), problems, result)
+            if expect.official is not None and doc is not None:
+                if doc.get("strategy") == "repack":
+                    check = lambda: _check_repack_identity(w, expect)  # noqa: E731
+                    _run_step("official", check, problems, result)
+                elif doc.get("strategy") == "precompiled":
+                    check = lambda: _check_compiled_identity(w, expect.official)  # noqa: E731
+                    _run_step("official", check, problems, result)
+    if problems:
+        raise VerifyError(path, problems)
+    if install:
+        _record(problems, result, "install", _check_install(path, name, doc, expect))
+        if problems:
+            raise VerifyError(path, problems)
+    return result
+
+
+def _run_step(label: str, step: Any, problems: list[str], result: VerifyResult) -> None:
+    try:
+        found = list(step())
+    except (OverlayError, zipfile.BadZipFile, OSError, UnicodeDecodeError) as e:
+        found = [str(e)]
+    _record(problems, result, label, found)
+
+
+def _record(problems: list[str], result: VerifyResult, label: str, found: Iterable[str]) -> None:
+    found = list(found)
+    problems.extend(f"{label}: {p}" for p in found)
+    if not found:
+        result.passed.append(label)
+
+
+def _check_name(path: Path) -> WheelName:
+    try:
+        return parse_name(path.name)
+    except BuildError as e:
+        raise VerifyError(path, [f"name: {e}"]) from e
+
+
+# -- zip and RECORD ------------------------------------------------------------------------
+
+
+def _check_zip(w: _Wheel) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for n in w.names:
+        if n in seen:
+            out.append(f"{n}: stored twice")
+        seen.add(n)
+    try:
+        locate_members(w.path)
+    except ZipFormatError as e:
+        out.append(str(e))
+    return out
+
+
+def _digest(f: BinaryIO, m: SourceMember) -> tuple[str, int, str]:
+    """(sha256 hex, size, error) of a member's content, decompressed from its raw bytes.
+
+    The CRC and size in the central directory are checked along the way."""
+    info = m.info
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        return "", 0, f"compression method {info.compress_type} is not stored or deflate"
+    d = zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+    h, crc, size = hashlib.sha256(), 0, 0
+    try:
+        for chunk in read_raw(f, m, 1 << 24):
+            data = d.decompress(chunk) if d else chunk
+            h.update(data)
+            crc = zlib.crc32(data, crc)
+            size += len(data)
+        if d is not None:
+            tail = d.flush()
+            h.update(tail)
+            crc = zlib.crc32(tail, crc)
+            size += len(tail)
+            if not d.eof:
+                return "", size, "the deflate stream is truncated"
+    except (zlib.error, ZipFormatError) as e:
+        return "", size, str(e)
+    if crc != info.CRC:
+        return "", size, f"CRC-32 {crc:08x}, the central directory says {info.CRC:08x}"
+    if size != info.file_size:
+        return "", size, f"{size} bytes, the central directory says {info.file_size}"
+    return h.hexdigest(), size, ""
+
+
+def _digest_slice(path: Path, members: Sequence[SourceMember]) -> dict[str, tuple[str, int, str]]:
+    with open(path, "rb") as f:
+        return {m.name: _digest(f, m) for m in members}
+
+
+def member_hashes(path: Path, workers: int = 2) -> dict[str, tuple[str, int, str]]:
+    """name -> (sha256 hex, size, error) for every member, read in parallel slices."""
+    members = [m for m in locate_members(path) if not m.name.endswith("/")]
+    total = sum(m.info.compress_size for m in members) or 1
+    slices: list[list[SourceMember]] = [[] for _ in range(workers)]
+    acc = 0
+    for m in members:
+        slices[min(workers - 1, acc * workers // total)].append(m)
+        acc += m.info.compress_size
+    out: dict[str, tuple[str, int, str]] = {}
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        for part in ex.map(lambda s: _digest_slice(path, s), [s for s in slices if s]):
+            out.update(part)
+    return out
+
+
+def _check_record(w: _Wheel) -> list[str]:
+    dirs = dist_info_dirs(w.names)
+    if len(dirs) != 1:
+        return []  # reported by dist-info
+    record_name = f"{dirs[0]}/RECORD"
+    data = w.read(record_name)
+    if data is None:
+        return [f"{record_name} is missing"]
+    rows = parse_record(data, record_name)
+    hashes = member_hashes(w.path)
+    out = []
+    for n, (hexd, size, err) in hashes.items():
+        if err:
+            out.append(f"{n}: cannot be read: {err}")
+            continue
+        if n == record_name:
+            continue
+        row = rows.get(n)
+        if row is None:
+            out.append(f"{n}: not listed in RECORD")
+            continue
+        out.extend(_compare_row(n, row, hexd, size))
+    for n in rows:
+        if n not in hashes and not n.endswith("/"):
+            out.append(f"{n}: listed in RECORD but not in the archive")
+    return out
+
+
+def _compare_row(n: str, row: RecordRow, hexd: str, size: int) -> list[str]:
+    got = record_hash_from_hex(hexd)
+    if row.hash != got or row.size != size:
+        return [
+            f"{n}: RECORD says {row.hash or '(no hash)'} size {row.size}, the member has {got} size {size}"
+        ]
+    return []
+
+
+# -- names, METADATA, provenance -----------------------------------------------------------
+
+
+def _check_dist_info(w: _Wheel) -> list[str]:
+    dirs = dist_info_dirs(w.names)
+    if len(dirs) != 1:
+        return [f"expected exactly one .dist-info directory, found {len(dirs)}: {dirs}"]
+    w.dist_info = dirs[0]
+    want = w.name.dist_info
+    if dirs[0] != want:
+        return [f"{dirs[0]}: expected {want} (from the file name)"]
+    return []
+
+
+def _check_metadata(w: _Wheel) -> list[str]:
+    if w.dist_info is None:
+        return []
+    meta = f"{w.dist_info}/METADATA"
+    data = w.read(meta)
+    if data is None:
+        return [f"{meta} is missing"]
+    version = metadata_version(data, meta)
+    if version != w.name.version:
+        return [f"{meta}: Version is {version}, the file name says {w.name.version}"]
+    return []
+
+
+def _check_provenance(w: _Wheel) -> tuple[dict[str, Any] | None, list[str]]:
+    if w.dist_info is None:
+        return None, []
+    member = f"{w.dist_info}/{PROVENANCE_NAME}"
+    data = w.read(member)
+    if data is None:
+        return None, [f"{member} is missing: this wheel was not built by vllm-overlay"]
+    try:
+        doc = parse(data, member)
+    except BuildError as e:
+        return None, [str(e)]
+    out = []
+    if doc.get("version") != w.name.version:
+        out.append(f"{member}: version {doc.get('version')}, the wheel is {w.name.version}")
+    vp = w.read(VERSION_PY)
+    if vp is not None:
+        try:
+            reported = version_py_version(vp)
+        except BuildError as e:
+            out.append(str(e))
+        else:
+            if reported != doc.get("version_py"):
+                out.append(
+                    f"{VERSION_PY}: reports {reported}, the provenance record says "
+                    f"{doc.get('version_py')}"
+                )
+    return doc, out
+
+
+# -- the overlay's files and the official wheel --------------------------------------------
+
+
+def _check_changes(w: _Wheel, doc: Mapping[str, Any] | None, expect: Expectation) -> list[str]:
+    out = []
+    if doc is not None:
+        if expect.overlay_digest and doc["overlay"]["digest"] != expect.overlay_digest:
+            out.append(
+                f"{PROVENANCE_NAME}: built from overlay digest {doc['overlay']['digest']}, the "
+                f"project's overlay is now {expect.overlay_digest}: rebuild the wheel"
+            )
+        if expect.upstream_commit and doc["upstream"]["commit"] != expect.upstream_commit:
+            out.append(
+                f"{PROVENANCE_NAME}: built on upstream commit {doc['upstream']['commit']}, "
+                f"upstream.lock pins {expect.upstream_commit}"
+            )
+        bw = doc.get("base_wheel")
+        if bw and expect.pinned_wheels.get(bw["filename"]) != bw["sha256"]:
+            out.append(
+                f"{PROVENANCE_NAME}: built from {bw['filename']} sha256 {bw['sha256']}, which "
+                "upstream.lock does not pin"
+            )
+    names = set(w.names)
+    for f in expect.files:
+        if not f.in_wheel:
+            if f.path in names:
+                out.append(
+                    f"{f.path}: is not wheel content ({f.kind} outside the package) but the wheel has it"
+                )
+            continue
+        data = w.read(f.path)
+        if data is None:
+            out.append(f"{f.path}: missing; the patched tree has it ({f.change_id})")
+        elif data != f.content:
+            got = hashlib.sha256(data).hexdigest()
+            out.append(
+                f"{f.path}: differs from the patched tree's file (member sha256 {got}, "
+                f"tree {f.result_sha256})"
+            )
+    return out
+
+
+def _raw_equal(fa: Any, a: SourceMember, fb: Any, b: SourceMember) -> bool:
+    ia, ib = a.info, b.info
+    if (ia.compress_type, ia.CRC, ia.compress_size, ia.file_size) != (
+        ib.compress_type,
+        ib.CRC,
+        ib.compress_size,
+        ib.file_size,
+    ):
+        return False
+    return all(x == y for x, y in zip(read_raw(fa, a), read_raw(fb, b), strict=True))
+
+
+def _check_repack_identity(w: _Wheel, expect: Expectation) -> list[str]:
+    assert expect.official is not None and w.dist_info is not None
+    official = {m.name: m for m in locate_members(expect.official)}
+    mine = {m.name: m for m in locate_members(w.path)}
+    old_di = parse_name(expect.official.name).dist_info
+    changed = {f.path for f in expect.files if f.in_wheel}
+    rewritten = {
+        VERSION_PY,
+        f"{w.dist_info}/METADATA",
+        f"{w.dist_info}/RECORD",
+        f"{w.dist_info}/{PROVENANCE_NAME}",
+    }
+    out = []
+    with open(expect.official, "rb") as fo, open(w.path, "rb") as fm:
+        for name, om in official.items():
+            new_name = w.dist_info + name[len(old_di) :] if name.startswith(old_di + "/") else name
+            if new_name in changed or new_name in rewritten:
+                continue
+            m = mine.get(new_name)
+            if m is None:
+                out.append(f"{new_name}: the official wheel has it ({name}), this wheel does not")
+            elif (m.info.external_attr >> 16) != (om.info.external_attr >> 16):
+                out.append(
+                    f"{new_name}: mode {oct(m.info.external_attr >> 16)}, official "
+                    f"{oct(om.info.external_attr >> 16)}"
+                )
+            elif not _raw_equal(fm, m, fo, om):
+                out.append(f"{new_name}: not byte-identical to the official wheel's member")
+    renamed = {
+        w.dist_info + n[len(old_di) :] if n.startswith(old_di + "/") else n for n in official
+    }
+    for name in mine:
+        if name not in renamed and name not in changed and name not in rewritten:
+            out.append(f"{name}: in this wheel but neither in the official wheel nor the overlay")
+    return out
+
+
+def _check_compiled_identity(w: _Wheel, official_path: Path) -> list[str]:
+    out = []
+    with zipfile.ZipFile(official_path) as zo:
+        for info in zo.infolist():
+            n = info.filename
+            if not (n.endswith(".so") or (info.external_attr >> 16) & 0o111):
+                continue
+            if n.endswith(".sh"):
+                continue
+            mine = w.read(n)
+            if mine is None:
+                out.append(f"{n}: compiled member of the official wheel is missing")
+            elif hashlib.sha256(mine).digest() != hashlib.sha256(zo.read(n)).digest():
+                out.append(f"{n}: differs from the official wheel's compiled member")
+    return out
+
+
+# -- install -------------------------------------------------------------------------------
+
+
+def _platform_args(name: WheelName) -> list[str]:
+    """pip options that let it install a wheel built for another platform (or none)."""
+    tags = parse_tag(name.tags)
+    if tags & set(sys_tags()):
+        return []
+    args = ["--only-binary=:all:"]
+    for t in sorted({t.platform for t in tags}):
+        args += ["--platform", t]
+    for t in sorted({t.abi for t in tags}):
+        args += ["--abi", t]
+    return args
+
+
+def _install_root(path: Path) -> str | None:
+    """A memory-backed temporary directory when one has room (an install of vLLM writes
+    ~600 MB; on a slow disk that is most of the check's time), else the default."""
+    with zipfile.ZipFile(path) as zf:
+        need = 3 * sum(i.file_size for i in zf.infolist())
+    shm = Path("/dev/shm")
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    if os.access(shm, os.W_OK) and st.f_bavail * st.f_frsize > need:
+        return str(shm)
+    return None
+
+
+def _check_install(
+    path: Path, name: WheelName, doc: Mapping[str, Any] | None, expect: Expectation | None
+) -> list[str]:
+    root = _install_root(path)
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-verify-", dir=root) as tmp:
+        target = Path(tmp) / "site"
+        pip_tmp = Path(tmp) / "tmp"
+        pip_tmp.mkdir()
+        try:
+            run(
+                sys.executable, "-m", "pip", "--isolated", "install", "--no-deps", "--no-index",
+                "--no-compile", "--disable-pip-version-check", "-q", *_platform_args(name),
+                "--target", target, path,
+                env={**os.environ, "TMPDIR": str(pip_tmp)},
+                hint="pip could not install the wheel into a temporary directory.",
+            )  # fmt: skip
+        except OverlayError as e:
+            return [f"pip install --no-deps --target failed:\n{e}"]
+        return _check_installed(target, name, doc, expect)
+
+
+def _check_installed(
+    target: Path, name: WheelName, doc: Mapping[str, Any] | None, expect: Expectation | None
+) -> list[str]:
+    dists = [
+        d
+        for d in importlib.metadata.distributions(path=[str(target)])
+        if canonicalize_name(d.metadata["Name"] or "") == canonicalize_name(name.distribution)
+    ]
+    if len(dists) != 1:
+        return [
+            f"importlib.metadata finds {len(dists)} {name.distribution} distributions after install"
+        ]
+    out = []
+    got = dists[0].version
+    if got != name.version:
+        out.append(
+            f"importlib.metadata.version({name.distribution!r}) is {got}, expected {name.version}"
+        )
+    vp = target / VERSION_PY
+    if (
+        doc is not None
+        and vp.is_file()
+        and version_py_version(vp.read_bytes()) != doc["version_py"]
+    ):
+        out.append(f"installed {VERSION_PY} does not report {doc['version_py']}")
+    for f in expect.files if expect else ():
+        installed = target / f.path
+        if f.in_wheel and not installed.is_file():
+            out.append(f"installed tree lacks {f.path}")
+        elif f.in_wheel and installed.read_bytes() != f.content:
+            out.append(f"installed {f.path} differs from the patched tree's file")
+    return out
