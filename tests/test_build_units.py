@@ -200,3 +200,39 @@ def test_explicit_strategies_refuse_what_they_cannot_carry():
     files, cls = _files(("vllm/a.py", "patch"))
     with pytest.raises(LockFileError, match="pins no official wheel"):
         choose_strategy("repack", files, cls, None, "x")
+
+
+def test_place_links_copies_across_devices_and_never_replaces(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from vllm_overlay import wheelbuild
+
+    plan = type("P", (), {"provenance": {"build_key": "k"}})()
+    src = tmp_path / "src.whl"
+    src.write_bytes(b"wheel bytes")
+    dest = tmp_path / "dist" / "x.whl"
+    assert wheelbuild.place(src, dest, plan) is True
+    assert os.stat(dest).st_ino == os.stat(src).st_ino  # same filesystem: a hard link
+    assert wheelbuild.place(src, dest, plan) is False  # identical: nothing to do
+
+    real_link = os.link
+    calls = []
+
+    def cross_device(a, b):
+        calls.append(a)
+        if len(calls) == 1:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_link(a, b)
+
+    monkeypatch.setattr(wheelbuild.os, "link", cross_device)
+    other = tmp_path / "other" / "x.whl"
+    assert wheelbuild.place(src, other, plan) is True
+    assert other.read_bytes() == b"wheel bytes" and os.stat(other).st_ino != os.stat(src).st_ino
+    assert sorted(p.name for p in other.parent.iterdir()) == ["x.whl"]  # no .partial left
+
+    dest.unlink()
+    dest.write_bytes(b"another wheel")
+    with pytest.raises(BuildError, match="never overwritten"):
+        wheelbuild.place(src, dest, plan)
+    assert dest.read_bytes() == b"another wheel"

@@ -88,11 +88,12 @@ def run_overlay_tests(tree: Path, kind: str, tmp_path: Path, capsys) -> dict[str
         cmd, cwd=run_dir, env=environ, capture_output=True, text=True, timeout=600
     )
     results = outcomes(junit) if junit.is_file() else {}
-    summary = [line for line in proc.stdout.splitlines() if line.startswith(("=", "PASSED"))]
-    summary += [line for line in proc.stdout.splitlines() if line.startswith(("XFAIL", "FAIL"))]
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    tally = lines[-1] if lines else "(no output)"
     with capsys.disabled():
-        print(f"\n--- overlay tests on the {kind} tree ({tree}): pytest exit {proc.returncode}")
-        print("\n".join(line for line in summary if "short test summary" not in line))
+        print(f"\n--- the overlay's tests on the {kind} tree: {tally}")
+        for name, outcome in results.items():
+            print(f"    {outcome:8} {name}")
     assert results, f"no test ran on the {kind} tree:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return results
 

@@ -11,10 +11,12 @@ member date. Nothing depends on the clock, so the same inputs give the same byte
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from vllm_overlay.errors import BuildError
 from vllm_overlay.provenance import PROVENANCE_NAME
@@ -104,60 +106,88 @@ def read_official(path: Path) -> OfficialWheel:
 def repack(inp: RepackInput, out_dir: Path, official: OfficialWheel | None = None) -> Path:
     """Write the repacked wheel into ``out_dir`` (a new file there); return its path.
 
-    ``official``: ``inp.official`` already read (saves reading its directory again)."""
+    ``official``: ``inp.official`` already read (saves reading its directory again). On
+    failure no file is left behind."""
     if official is None or official.path != inp.official:
         official = read_official(inp.official)
     new = official.name.with_version(inp.version)
     if inp.tags:
         new = new.with_tags(inp.tags)
-    out = out_dir / new.filename
-    old_di, new_di = official.dist_info, new.dist_info
     _check_paths(official, inp)
     replace = dict(inp.replace)
     if inp.version_py is not None and official.member(VERSION_PY) is not None:
         replace[VERSION_PY] = set_version_py(official.read(VERSION_PY), inp.version_py)
-    meta_name = f"{old_di}/METADATA"
-    metadata = set_metadata_version(official.read(meta_name), inp.version, meta_name)
-    rows: list[RecordRow] = []
-    date = official.date_time
-    with open(inp.official, "rb") as src, open(out, "xb") as f, ZipWriter(f) as zw:
-        body = [m for m in official.members if not m.name.startswith(old_di + "/")]
-        for m in body:
-            if m.name in replace:
-                data = replace[m.name]
-                zw.add(m.name, data, date_time=m.info.date_time, mode=_mode(m))
-                rows.append(RecordRow(m.name, record_hash(data), len(data)))
-            else:
-                zw.copy(src, m)
-                rows.append(_official_row(official, m.name, m.name))
-        for name in sorted(inp.add):
-            data = inp.add[name]
-            zw.add(name, data, date_time=date, mode=REGULAR_FILE_MODE)
-            rows.append(RecordRow(name, record_hash(data), len(data)))
-        for m in official.members:
-            if not m.name.startswith(old_di + "/") or m.name == f"{old_di}/RECORD":
-                continue
-            renamed = new_di + m.name[len(old_di) :]
-            if m.name == meta_name:
-                zw.add(renamed, metadata, date_time=m.info.date_time, mode=_mode(m))
-                rows.append(RecordRow(renamed, record_hash(metadata), len(metadata)))
-            else:
-                zw.copy(src, m, rename=renamed)
-                rows.append(_official_row(official, m.name, renamed))
-        prov_name = f"{new_di}/{PROVENANCE_NAME}"
-        zw.add(prov_name, inp.provenance, date_time=date)
-        rows.append(RecordRow(prov_name, record_hash(inp.provenance), len(inp.provenance)))
-        record_name = f"{new_di}/RECORD"
-        rows.append(RecordRow(record_name, "", None))
-        old_record = official.member(f"{old_di}/RECORD")
-        assert old_record is not None
-        zw.add(
-            record_name,
-            render_record(rows),
-            date_time=old_record.info.date_time,
-            mode=_mode(old_record),
-        )
+    out = out_dir / new.filename
+    try:
+        with open(inp.official, "rb") as src, open(out, "xb") as f, ZipWriter(f) as zw:
+            rows = _write_body(zw, src, official, replace, inp.add)
+            _write_dist_info(zw, src, official, new.dist_info, inp, rows)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            out.unlink()
+        raise
     return out
+
+
+def _write_body(
+    zw: ZipWriter,
+    src: BinaryIO,
+    official: OfficialWheel,
+    replace: Mapping[str, bytes],
+    add: Mapping[str, bytes],
+) -> list[RecordRow]:
+    """The package members (official order, changed ones in place), then added files."""
+    rows = []
+    for m in official.members:
+        if m.name.startswith(official.dist_info + "/"):
+            continue
+        if m.name in replace:
+            data = replace[m.name]
+            zw.add(m.name, data, date_time=m.info.date_time, mode=_mode(m))
+            rows.append(RecordRow(m.name, record_hash(data), len(data)))
+        else:
+            zw.copy(src, m)
+            rows.append(_official_row(official, m.name, m.name))
+    for name in sorted(add):
+        zw.add(name, add[name], date_time=official.date_time, mode=REGULAR_FILE_MODE)
+        rows.append(RecordRow(name, record_hash(add[name]), len(add[name])))
+    return rows
+
+
+def _write_dist_info(
+    zw: ZipWriter,
+    src: BinaryIO,
+    official: OfficialWheel,
+    new_di: str,
+    inp: RepackInput,
+    rows: list[RecordRow],
+) -> None:
+    """The renamed .dist-info: METADATA with the new version, the other files copied, the
+    provenance record, and RECORD last."""
+    old_di = official.dist_info
+    meta_name, record_name = f"{old_di}/METADATA", f"{old_di}/RECORD"
+    for m in official.members:
+        if not m.name.startswith(old_di + "/") or m.name == record_name:
+            continue
+        renamed = new_di + m.name[len(old_di) :]
+        if m.name == meta_name:
+            data = set_metadata_version(official.read(meta_name), inp.version, meta_name)
+            zw.add(renamed, data, date_time=m.info.date_time, mode=_mode(m))
+            rows.append(RecordRow(renamed, record_hash(data), len(data)))
+        else:
+            zw.copy(src, m, rename=renamed)
+            rows.append(_official_row(official, m.name, renamed))
+    prov = f"{new_di}/{PROVENANCE_NAME}"
+    zw.add(prov, inp.provenance, date_time=official.date_time)
+    rows.append(RecordRow(prov, record_hash(inp.provenance), len(inp.provenance)))
+    rows.append(RecordRow(f"{new_di}/RECORD", "", None))
+    old_record = official.by_name[record_name]
+    zw.add(
+        f"{new_di}/RECORD",
+        render_record(rows),
+        date_time=old_record.info.date_time,
+        mode=_mode(old_record),
+    )
 
 
 def _mode(m: SourceMember) -> int:

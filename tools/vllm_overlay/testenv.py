@@ -18,9 +18,9 @@ What else goes in
 -----------------
 - the requirement lines of the tree's ``requirements/common.txt`` (read at build time, so
   a tree whose requirements change gets a new environment);
-- the test tooling: pytest, pytest-asyncio, pytest-timeout, tblib, and ``ray==2.48.0`` and
-  ``msgpack==1.1.0`` (the pins of vLLM's ``requirements/test/cuda.txt``; collecting the
-  kv_connector tests imports both);
+- the test tooling: pytest, pytest-asyncio, pytest-timeout, pytest-xdist (the suite's
+  workers), tblib, and ``ray==2.48.0`` and ``msgpack==1.1.0`` (the pins of vLLM's
+  ``requirements/test/cuda.txt``; collecting the kv_connector tests imports both);
 - a tiny generated package whose ``vllm.platform_plugins`` entry point names
   ``vllm.platforms.cpu.CpuPlatform``. Without it a source tree resolves no platform and
   vLLM's ``tests/conftest.py`` calls ``torch.accelerator.empty_cache()``, which raises on a

@@ -96,6 +96,7 @@ class _Wheel:
     zf: zipfile.ZipFile
     names: list[str]
     dist_info: str | None = None
+    hashes: dict[str, tuple[str, int, str]] = field(default_factory=dict)
 
     def read(self, member: str) -> bytes | None:
         try:
@@ -130,13 +131,11 @@ def verify_wheel(
         _record(problems, result, "provenance", prov_problems)
         if expect is not None:
             _run_step("changes", lambda: _check_changes(w, doc, expect), problems, result)
-            if expect.official is not None and doc is not None:
-                if doc.get("strategy") == "repack":
-                    check = lambda: _check_repack_identity(w, expect)  # noqa: E731
-                    _run_step("official", check, problems, result)
-                elif doc.get("strategy") == "precompiled":
-                    check = lambda: _check_compiled_identity(w, expect.official)  # noqa: E731
-                    _run_step("official", check, problems, result)
+            strategy = (doc or {}).get("strategy")
+            if expect.official is not None and strategy in ("repack", "precompiled"):
+                _run_step(
+                    "official", lambda: _check_official(w, strategy, expect), problems, result
+                )
     if problems:
         raise VerifyError(path, problems)
     if install:
@@ -172,6 +171,7 @@ def _check_name(path: Path) -> WheelName:
 
 
 def _check_zip(w: _Wheel) -> list[str]:
+    """Structure, then every member decompressed from its raw bytes: CRC and size."""
     seen: set[str] = set()
     out = []
     for n in w.names:
@@ -179,9 +179,10 @@ def _check_zip(w: _Wheel) -> list[str]:
             out.append(f"{n}: stored twice")
         seen.add(n)
     try:
-        locate_members(w.path)
+        w.hashes = member_hashes(w.path)
     except ZipFormatError as e:
-        out.append(str(e))
+        return [*out, str(e)]
+    out.extend(f"{n}: cannot be read: {err}" for n, (_, _, err) in w.hashes.items() if err)
     return out
 
 
@@ -246,13 +247,12 @@ def _check_record(w: _Wheel) -> list[str]:
     if data is None:
         return [f"{record_name} is missing"]
     rows = parse_record(data, record_name)
-    hashes = member_hashes(w.path)
+    hashes = w.hashes
+    if not hashes:
+        return []  # the zip check could not read the members and said so
     out = []
     for n, (hexd, size, err) in hashes.items():
-        if err:
-            out.append(f"{n}: cannot be read: {err}")
-            continue
-        if n == record_name:
+        if err or n == record_name:
             continue
         row = rows.get(n)
         if row is None:
@@ -419,6 +419,13 @@ def _check_repack_identity(w: _Wheel, expect: Expectation) -> list[str]:
         if name not in renamed and name not in changed and name not in rewritten:
             out.append(f"{name}: in this wheel but neither in the official wheel nor the overlay")
     return out
+
+
+def _check_official(w: _Wheel, strategy: str, expect: Expectation) -> list[str]:
+    assert expect.official is not None
+    if strategy == "repack":
+        return _check_repack_identity(w, expect)
+    return _check_compiled_identity(w, expect.official)
 
 
 def _check_compiled_identity(w: _Wheel, official_path: Path) -> list[str]:

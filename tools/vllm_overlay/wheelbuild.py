@@ -338,7 +338,15 @@ def place(tmp: Path, dest: Path, p: BuildPlan) -> bool:
             shutil.copyfileobj(fi, fo, 1 << 22)
             fo.flush()
             os.fsync(fo.fileno())
-        os.link(side, dest)
+        os.chmod(side, 0o644)
+        try:
+            os.link(side, dest)
+        except FileExistsError:
+            return place(tmp, dest, p)
+        except OSError:  # no hard links here: rename, after one more look
+            if dest.exists():
+                return place(tmp, dest, p)
+            os.rename(side, dest)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(side)

@@ -22,7 +22,7 @@ class MemberDiff:
         out += [f"added    {n}" for n in self.added]
         out += [f"removed  {n}" for n in self.removed]
         out += [f"renamed  {a} -> {b}" for a, b in self.renamed]
-        out.append(f"{self.identical} other members identical (sha256 and size, from RECORD)")
+        out.append(f"{self.identical} other members identical (name, sha256 and size per RECORD)")
         return out
 
 
@@ -50,9 +50,9 @@ def member_diff(official: Path, built: Path) -> MemberDiff:
             added.append(r.path)
         elif (o.hash, o.size) != (r.hash, r.size) or k.endswith("/RECORD"):
             changed.append(r.path)
+        elif o.path != r.path:
+            renamed.append((o.path, r.path))
         else:
             identical += 1
-        if o is not None and o.path != r.path and (o.hash, o.size) == (r.hash, r.size):
-            renamed.append((o.path, r.path))
     removed = [r.path for k, r in old_by.items() if k not in new_by]
     return MemberDiff(sorted(changed), sorted(added), sorted(removed), sorted(renamed), identical)

@@ -201,10 +201,6 @@ class ZipWriter:
         if exc_type is None:
             self.close()
 
-    @property
-    def names(self) -> list[str]:
-        return [_decode_name(e.name, e.flags) for e in self._entries]
-
     def _claim(self, name: str) -> None:
         if name in self._names:
             raise ZipFormatError(f"member {name} would be written twice.")
@@ -221,7 +217,7 @@ class ZipWriter:
         if rename is not None or not member.raw_header_ok:
             raw_name, utf8 = _name_bytes(name)
             flags = (flags & ~_FLAG_UTF8) | utf8
-            offset = self._write_local_header(raw_name, flags, info, member)
+            offset = self._write_local_header(raw_name, flags, info)
             self._queue(src, member.data_offset, member.data_end)
         else:
             raw_name = _encode_name(name, flags)
@@ -262,9 +258,7 @@ class ZipWriter:
         self._out.flush()
         _copy_range(p.src, self._out, p.start, p.end - p.start)
 
-    def _write_local_header(
-        self, raw_name: bytes, flags: int, info: zipfile.ZipInfo, member: SourceMember
-    ) -> int:
+    def _write_local_header(self, raw_name: bytes, flags: int, info: zipfile.ZipInfo) -> int:
         self._flush()
         offset = self._pos
         self._write(

@@ -20,9 +20,9 @@ Build vLLM <release>+ovl.<revision>.g<digest> with the overlay, verify it, and p
 
 strategies (--strategy, default auto):
   repack       the official wheel pinned in upstream.lock with the changed Python files
-               put in; every other member copied byte for byte (about a second)
+               put in; every other member copied byte for byte (seconds)
   precompiled  vLLM's setup.py on the patched tree with the official wheel's kernels
-               (VLLM_USE_PRECOMPILED=1); needs --python with a CUDA torch (~35 s)
+               (VLLM_USE_PRECOMPILED=1); needs --python with a CUDA torch (a minute)
   source       the full CMake/nvcc build on a build machine (hours; see docs/building.md)
   auto         repack when every changed path is Python the wheel carries; precompiled
                when setup.py inputs (requirements/, setup.py, package data) change;
@@ -39,7 +39,8 @@ vllm.__version__ into NIXL handshakes and its compile cache: to mix with stock n
 source-build settings are vLLM's own: TORCH_CUDA_ARCH_LIST, MAX_JOBS, NVCC_THREADS,
 CMAKE_BUILD_TYPE, the compiler launcher (sccache with a shared remote cache scales past one
 machine; its SCCACHE_* settings pass through), and local directories for the dependencies
-CMake would otherwise clone (--src-dir {",".join(SRC_DIR_VARS)}=DIR, --fetchcontent-dir).
+CMake would otherwise clone (--src-dir NAME=DIR, NAME one of
+{", ".join(SRC_DIR_VARS)}; --fetchcontent-dir).
 --dry-run prints the strategy, the exact environment and command, and the preflight result.
 """
 
@@ -71,7 +72,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--max-jobs", type=int, metavar="N", help="MAX_JOBS (compile jobs)")
     s.add_argument("--nvcc-threads", type=int, metavar="N", help="NVCC_THREADS")
-    s.add_argument("--cmake-build-type", default="Release", help="CMAKE_BUILD_TYPE (Release)")
+    s.add_argument(
+        "--cmake-build-type", default="Release", metavar="TYPE", help="CMAKE_BUILD_TYPE (Release)"
+    )
     s.add_argument("--launcher", choices=LAUNCHERS, default="auto", help="compiler launcher")
     s.add_argument(
         "--src-dir",

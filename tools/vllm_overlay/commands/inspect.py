@@ -64,7 +64,10 @@ def _installed(args: argparse.Namespace) -> dict[str, Any]:
     found = json.loads(out.stdout)
     where = f"in {args.path}" if args.path else f"for {python}"
     if not found:
-        raise OverlayError(f"no vLLM is installed {where}.")
+        raise OverlayError(
+            f"no vLLM is installed {where}. Pass --python with the interpreter of the "
+            "environment that has it, or --path with a pip --target directory."
+        )
     if len(found) > 1:
         places = ", ".join(f["location"] for f in found)
         raise OverlayError(f"{len(found)} vLLM installations {where} ({places}); pass --path.")
