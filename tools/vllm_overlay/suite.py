@@ -16,7 +16,8 @@ How one side runs (``run_side``), the same for both sides and both modes:
    plugin (markers, progress, hard watchdog) and a JUnit report, from ``cwd/``.
 
 The baseline is cached under ``cache_dir()/suite-baselines/<key>.json``, keyed by the
-upstream pin, the environment's recipe, the selection and the run options.
+upstream pin, the environment's recipe, the selection, the run options and the source of
+this module and the plugin (a change to how a side runs invalidates cached baselines).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -51,7 +53,7 @@ HARD_TIMEOUT_GRACE = 60  # the watchdog fires this long after the per-test timeo
 DEFAULT_WORKERS = 2
 RUN_LIMIT = 3 * 3600  # a whole pytest run; only a wedged pytest itself gets near it
 PROGRESS_EVERY = 20.0
-FORMAT = 1  # of the cached baseline and of the way a side is run; bump to invalidate
+FORMAT = 1  # of the cached baseline entry
 PLUGIN_MODULE = "vllm_overlay_suite_plugin"
 PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 SIDES = ("baseline", "patched")
@@ -279,7 +281,8 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
     preflight(env, environ, scratch, code_root, opts)
     cmd = pytest_command(env, side, scratch, config, opts)
     started = time.monotonic()
-    rc = _run_with_progress(cmd, environ, scratch, side.name, started)
+    with _short_ray_tmpdir(environ):
+        rc = _run_with_progress(cmd, environ, scratch, side.name, started)
     seconds = time.monotonic() - started
     if rc not in (0, 1) or not scratch.junit.is_file():
         raise SuiteError(
@@ -288,7 +291,7 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
             f"log ({scratch.log}):\n{_tail(scratch.log)}\nFix the cause and run it again."
         )
     collected_file = scratch.out / suite_plugin.COLLECTED
-    collected = tuple(collected_file.read_text().split()) if collected_file.exists() else ()
+    collected = tuple(collected_file.read_text().splitlines()) if collected_file.exists() else ()
     return SideRun(
         name=side.name,
         results=parse_junit_file(scratch.junit),
@@ -299,6 +302,22 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
         log=scratch.log,
         selection=side.selection,
     )
+
+
+@contextlib.contextmanager
+def _short_ray_tmpdir(environ: dict) -> Iterator[None]:
+    """Point RAY_TMPDIR at a short directory for the run, removed afterwards.
+
+    Ray puts AF_UNIX sockets under ``$RAY_TMPDIR/ray/session_<time>_<pid>/sockets/``, and
+    such a path may not exceed 107 bytes: under a deep work directory every test that starts
+    Ray fails with ``AF_UNIX path length cannot exceed 107 bytes``, on both sides.
+    """
+    path = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
+    environ["RAY_TMPDIR"] = path
+    try:
+        yield
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def copy_tests(tree: Path, root: Path) -> Path:
@@ -562,7 +581,6 @@ class BaselineKey:
 def baseline_key(
     upstream: dict, code: str, env: RunEnv, selection: tuple[str, ...], opts: RunOptions
 ) -> BaselineKey:
-    plugin = util.sha256_file(suite_plugin.__file__)[:16]
     return BaselineKey(
         {
             "format": FORMAT,
@@ -571,9 +589,17 @@ def baseline_key(
             "environment": env.recipe,
             "selection": list(selection),
             "options": opts.key(),
-            "plugin": plugin,
+            "runner": _runner_digest(),
         }
     )
+
+
+def _runner_digest() -> str:
+    """This module and the plugin: a change to how a side runs invalidates baselines."""
+    h = hashlib.sha256()
+    for path in (__file__, suite_plugin.__file__):
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def baseline_path(key: BaselineKey) -> Path:
