@@ -86,6 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vllm-overlay: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # stdout was closed early (`vllm-overlay status | head`): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except Exception:
         fd, log = tempfile.mkstemp(prefix="vllm-overlay-crash-", suffix=".log")
         with os.fdopen(fd, "w") as f:

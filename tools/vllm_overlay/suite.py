@@ -56,7 +56,6 @@ PROGRESS_EVERY = 20.0
 FORMAT = 1  # of the cached baseline entry
 PLUGIN_MODULE = "vllm_overlay_suite_plugin"
 PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
-SIDES = ("baseline", "patched")
 
 # Variables that would make the tests import something other than the code under test.
 _LEAKY = (
@@ -100,6 +99,8 @@ def testenv_provider(tree: Path) -> RunEnv:
 
 def python_provider(python: Path) -> EnvProvider:
     """An existing environment (on a GPU machine: one with the wheel's CUDA torch)."""
+
+    python = Path(os.path.abspath(python))  # not resolved: a venv's python is a symlink
 
     def provide(tree: Path) -> RunEnv:
         if not python.exists():
