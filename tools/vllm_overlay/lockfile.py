@@ -48,6 +48,15 @@ class Upstream:
     tag: str
     commit: str
 
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "tag": self.tag,
+            "commit": self.commit,
+            "git": self.git,
+        }
+
 
 @dataclass(frozen=True)
 class Lock:

@@ -97,14 +97,7 @@ def provenance(
         "keep_release_version": version_py == u.version,
         "strategy": strategy,
         "build_settings": dict(build_settings or {}),
-        "upstream": {
-            "name": u.name,
-            "version": u.version,
-            "tag": u.tag,
-            "commit": u.commit,
-            "git": u.git,
-            "sdist": sdist,
-        },
+        "upstream": {**u.as_dict(), "sdist": sdist},
         "base_wheel": None
         if base_wheel is None
         else {

@@ -31,13 +31,7 @@ def run(args: argparse.Namespace) -> int:
     dest = checkout_of(args, project)
     u = lock.upstream
     data = {
-        "upstream": {
-            "name": u.name,
-            "version": u.version,
-            "tag": u.tag,
-            "commit": u.commit,
-            "git": u.git,
-        },
+        "upstream": u.as_dict(),
         "artifacts": [a.__dict__ for a in lock.artifacts],
         "changes": [
             {
