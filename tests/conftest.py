@@ -188,6 +188,27 @@ def project(tmp_path: Path, upstream: Upstream, index: IndexServer) -> Proj:
     return p
 
 
+@contextlib.contextmanager
+def pinned_project(upstream: Upstream, root: Path, version: str = "1.0.0"):
+    """An overlay project at ``root`` pinned to ``upstream``'s ``version``, with its own index."""
+    with IndexServer(upstream.repo.parent / "dist") as srv:
+        root.mkdir()
+        write_overlay(root)
+        p = Proj(root=root, upstream=upstream, index=srv)
+        res = p.pin(version)
+        assert res.rc == 0, res.err
+        yield p
+
+
+def pip_install_target(wheel: Path, target: Path) -> None:
+    """A real `pip install --no-deps --target`, offline and ignoring the user's pip config."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--isolated", "install", "-q", "--no-deps", "--no-index",
+         "--no-compile", "--target", str(target), str(wheel)],
+        check=True,
+    )  # fmt: skip
+
+
 def git_out(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=repo, check=True, capture_output=True, text=True

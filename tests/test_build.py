@@ -11,7 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conftest import unified
+from conftest import pip_install_target, unified
 from fixtures_build import (
     WHEEL_RE,
     build_args,
@@ -106,11 +106,7 @@ def test_repack_writes_a_verified_wheel_that_differs_only_where_the_overlay_does
 
     # pip installs it; importlib.metadata reports the new version
     target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--isolated", "install", "-q", "--no-deps", "--no-index",
-         "--no-compile", "--target", str(target), str(wheel)],
-        check=True,
-    )  # fmt: skip
+    pip_install_target(wheel, target)
     code = (
         "import importlib.metadata as m, sys; "
         "print(next(m.distributions(name='vllm', path=[sys.argv[1]])).version)"

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REAL_HOME
+from conftest import REAL_HOME, pip_install_target
 from fixtures_build import last_line, members, torch_stub
 from vllm_overlay.checkout import plan
 from vllm_overlay.project import Project
@@ -117,11 +117,7 @@ def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_pr
     assert diff.identical > 4000
 
     target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--isolated", "install", "-q", "--no-deps", "--no-index",
-         "--no-compile", "--target", str(target), str(wheel)],
-        check=True,
-    )  # fmt: skip
+    pip_install_target(wheel, target)
     code = "import importlib.metadata as m, sys; print(next(m.distributions(name='vllm', path=[sys.argv[1]])).version)"
     out = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True)
     assert out.stdout.strip() == version, out.stderr

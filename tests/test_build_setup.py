@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import Proj, write_overlay
+from conftest import pinned_project
 from fixtures_build import (
     FAKE_BUILD_REQUIREMENTS,
     FAKE_CMAKELISTS,
@@ -27,7 +27,7 @@ from fixtures_build import (
     torch_stub,
 )
 from packaging.requirements import Requirement
-from synthetic import IndexServer, make_upstream, release_files
+from synthetic import make_upstream, release_files
 from vllm_overlay.setupbuild import (
     Probe,
     SourceSettings,
@@ -50,13 +50,7 @@ def fake_vllm(tmp_path_factory):
 
 @pytest.fixture
 def fproject(fake_vllm, tmp_path):
-    with IndexServer(fake_vllm.repo.parent / "dist") as srv:
-        root = tmp_path / "project"
-        root.mkdir()
-        write_overlay(root)
-        p = Proj(root=root, upstream=fake_vllm, index=srv)
-        res = p.pin("1.0.0")
-        assert res.rc == 0, res.err
+    with pinned_project(fake_vllm, tmp_path / "project") as p:
         yield p
 
 

@@ -23,12 +23,12 @@ from conftest import (
     OVERLAY_TOML,
     Proj,
     git_out,
+    pinned_project,
     run_cli,
     tree_snapshot,
     unified,
-    write_overlay,
 )
-from synthetic import ADDED_TEST, CONNECTOR, EXTRACT, IndexServer, make_upstream, release_files
+from synthetic import ADDED_TEST, CONNECTOR, EXTRACT, make_upstream, release_files
 from vllm_overlay import history
 from vllm_overlay.util import exclusive_lock, sha256_bytes
 
@@ -91,13 +91,7 @@ def releases(tmp_path_factory):
 
 @pytest.fixture
 def proj(tmp_path: Path, releases) -> Proj:
-    with IndexServer(releases.repo.parent / "dist") as srv:
-        root = tmp_path / "project"
-        root.mkdir()
-        write_overlay(root)
-        p = Proj(root=root, upstream=releases, index=srv)
-        res = p.pin("1.0.0")
-        assert res.rc == 0, res.err
+    with pinned_project(releases, tmp_path / "project") as p:
         yield p
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
+from conftest import pip_install_target
 from fixtures_build import build_args, last_line, members, rewrite_wheel
 from synthetic import CONNECTOR
 from vllm_overlay.provenance import read_from_wheel
@@ -159,11 +158,7 @@ def test_inspect_wheel_json_diff_and_installed(project, cli, tmp_path):
         assert line in diff.out
 
     target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--isolated", "install", "-q", "--no-deps", "--no-index",
-         "--no-compile", "--target", str(target), str(wheel)],
-        check=True,
-    )  # fmt: skip
+    pip_install_target(wheel, target)
     inst = cli("inspect", "--installed", "--path", str(target), cwd=project.root)
     assert inst.rc == 0, inst.err
     assert inst.out == res.out
