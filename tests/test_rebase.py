@@ -504,6 +504,27 @@ def test_a_second_rebase_is_refused_while_one_is_stopped_or_running(proj: Proj):
     assert rebase(proj, "--abort").rc == 0
 
 
+def test_other_writing_commands_wait_for_a_stopped_rebase(proj: Proj):
+    assert rebase_to(proj, "1.2.0").rc == 1
+    before = project_snapshot(proj)
+    co = checkout(proj) / CONNECTOR
+    marked = co.read_text()
+    for argv in (
+        ("apply", "--force"),
+        ("edit",),
+        ("export",),
+        ("lock", "--version", "1.1.0", "--commit", proj.upstream.releases["1.1.0"].commit),
+    ):
+        res = run_cli(*argv, "--index-url", proj.index.url, cwd=proj.root)
+        assert res.rc == 1, argv
+        assert "a rebase is in progress" in res.err and "--abort" in res.err
+    assert project_snapshot(proj) == before
+    assert co.read_text() == marked  # the conflict markers are still there to resolve
+    assert run_cli("status", cwd=proj.root).rc == 0  # reading is fine
+    assert rebase(proj, "--abort").rc == 0
+    assert run_cli("apply", "--index-url", proj.index.url, cwd=proj.root).rc == 0
+
+
 def test_edits_during_a_stop_are_refused_not_overwritten(proj: Proj):
     assert rebase_to(proj, "1.2.0").rc == 1
     cfg = proj.overlay / "overlay.toml"

@@ -38,3 +38,16 @@ def add_checkout(p: argparse.ArgumentParser) -> None:
 
 def checkout_of(args: argparse.Namespace, project: Project) -> Path:
     return args.checkout if args.checkout else project.default_checkout
+
+
+def refuse_during_rebase(project: Project, verb: str) -> None:
+    """Commands that write the lock, overlay/ or the checkout wait for a rebase to settle."""
+    from vllm_overlay.errors import RebaseError
+    from vllm_overlay.rebase import in_progress
+
+    if in_progress(project):
+        raise RebaseError(
+            f"a rebase is in progress in {project.root} (.work/rebase/); `vllm-overlay {verb}` "
+            "would change what it is working on. Finish it with `vllm-overlay rebase "
+            "--continue`, or go back with `vllm-overlay rebase --abort`, then run this again."
+        )

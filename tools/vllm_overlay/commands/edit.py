@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from vllm_overlay.checkout import apply_overlay, checkout_state
-from vllm_overlay.commands._options import add_checkout, add_index_url, add_source, checkout_of
+from vllm_overlay.commands._options import (
+    add_checkout,
+    add_index_url,
+    add_source,
+    checkout_of,
+    refuse_during_rebase,
+)
 from vllm_overlay.project import find_project
 
 HELP = "open the patched checkout for editing (then run export)"
@@ -28,6 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     project = find_project()
+    refuse_during_rebase(project, "edit")
     overlay = project.overlay()
     dest = checkout_of(args, project)
     lock = project.lock()

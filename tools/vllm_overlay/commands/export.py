@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 
 from vllm_overlay.checkout import apply_overlay, is_checkout
-from vllm_overlay.commands._options import add_checkout, add_index_url, checkout_of
+from vllm_overlay.commands._options import (
+    add_checkout,
+    add_index_url,
+    checkout_of,
+    refuse_during_rebase,
+)
 from vllm_overlay.errors import ExportMismatchError
 from vllm_overlay.export import export_overlay
 from vllm_overlay.project import find_project
@@ -31,6 +36,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     project = find_project()
+    if not args.check:
+        refuse_during_rebase(project, "export")
     lock, overlay = project.lock(), project.overlay()
     dest = checkout_of(args, project)
     if args.check and not is_checkout(dest):

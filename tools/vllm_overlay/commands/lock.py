@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_overlay.commands._options import add_index_url
+from vllm_overlay.commands._options import add_index_url, refuse_during_rebase
 from vllm_overlay.errors import LockFileError, UsageError
 from vllm_overlay.lockfile import write_lock
 from vllm_overlay.pinning import DEFAULT_GIT, check_lock, compute_lock
@@ -44,6 +44,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     project = find_project()
     overlay = project.overlay()
+    if not args.check:
+        refuse_during_rebase(project, "lock")
     if args.check:
         lock = project.lock()
         problems = check_lock(lock, overlay, index_url=args.index_url)
