@@ -9,7 +9,6 @@ network request.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import tempfile
 import time
@@ -142,13 +141,3 @@ def ensure_artifact(
                 os.unlink(tmp)
     info(f"cached {a.filename} (sha256 {a.sha256[:12]}…)")
     return dest
-
-
-def hash_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n

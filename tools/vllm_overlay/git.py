@@ -54,16 +54,6 @@ def rev_parse(repo: Path, rev: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def is_repo(path: Path) -> bool:
-    if not path.is_dir():
-        return False
-    out = git("rev-parse", "--git-dir", cwd=path, check=False)
-    return (
-        out.returncode == 0
-        and Path(path, out.stdout.strip()).resolve() == (path / ".git").resolve()
-    )
-
-
 def show_bytes(repo: Path, rev: str, path: str) -> bytes | None:
     """The bytes of ``path`` at ``rev``, or None if it does not exist there."""
     import subprocess

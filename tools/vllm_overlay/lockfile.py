@@ -13,7 +13,7 @@ from pathlib import Path
 import tomllib
 
 from vllm_overlay.errors import LockFileError
-from vllm_overlay.util import atomic_write_text
+from vllm_overlay.util import atomic_write_text, sha256_bytes
 
 ABSENT = "absent"
 HEADER = (
@@ -96,9 +96,7 @@ def base_hash(data: bytes | None) -> str:
     """The [base] value for a file's bytes (None: the file does not exist upstream)."""
     if data is None:
         return ABSENT
-    import hashlib
-
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return "sha256:" + sha256_bytes(data)
 
 
 def _q(s: str) -> str:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from vllm_overlay.artifacts import ensure_artifact
-from vllm_overlay.errors import CheckoutError, IntegrityError, OverlayError
+from vllm_overlay.errors import IntegrityError, OverlayError
 from vllm_overlay.git import git, rev_parse
 from vllm_overlay.lockfile import Lock
 from vllm_overlay.util import cache_dir, exclusive_lock, info
@@ -139,8 +139,3 @@ def upstream_repo(
     if source == "git":
         return git_repo(lock, git_url=git_url)
     raise OverlayError(f"unknown source {source!r}; use one of {', '.join(SOURCES)}.")
-
-
-def require_repo(path: Path) -> None:
-    if not rev_parse(path, BASE_REF):
-        raise CheckoutError(f"{path} is not a vllm-overlay tree (no {BASE_REF}).")

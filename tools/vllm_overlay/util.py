@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,7 +155,3 @@ def cache_dir() -> Path:
 def info(msg: str) -> None:
     """Progress and status for people: stderr, so stdout stays machine-readable."""
     print(msg, file=sys.stderr, flush=True)
-
-
-def sorted_unique(items: Sequence[str]) -> list[str]:
-    return sorted(set(items))
