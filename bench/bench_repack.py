@@ -5,7 +5,7 @@ All three start from the official wheel pinned in upstream.lock (fetched and cac
 build does) and the overlay's changed files:
 
   plain copy          copy the official wheel file (the floor: the bytes must be written)
-  repack              vllm_overlay.repack.repack: copy unchanged members' compressed bytes,
+  repack              vllm_overlay.wheel.repack.repack: copy unchanged members' compressed bytes,
                       write the changed files, METADATA, provenance and RECORD
   wheel unpack+pack   `python -m wheel unpack`, put the changed files in, `wheel pack`
                       (recompresses every member; names the file from WHEEL's Tag)
@@ -31,12 +31,12 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_overlay.artifacts import ensure_artifact
-from vllm_overlay.project import Project
-from vllm_overlay.provenance import render
-from vllm_overlay.repack import RepackInput, repack
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.util import run
-from vllm_overlay.wheelbuild import BuildOptions, build, plan_build
+from vllm_overlay.wheel.build import BuildOptions, build, plan_build
+from vllm_overlay.wheel.provenance import render
+from vllm_overlay.wheel.repack import RepackInput, repack
 
 REPACK_GOAL = 3.0  # repack time / plain copy time, at most
 UNPACK_GOAL = 50.0  # unpack+pack time / repack time, at least

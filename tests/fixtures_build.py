@@ -7,9 +7,9 @@ import hashlib
 import zipfile
 from pathlib import Path
 
-from vllm_overlay.artifacts import cached_path
-from vllm_overlay.lockfile import Artifact, read_lock, write_lock
-from vllm_overlay.wheelmeta import version_py_version
+from vllm_overlay.pin.artifacts import cached_path
+from vllm_overlay.pin.lockfile import Artifact, read_lock, write_lock
+from vllm_overlay.wheel.metadata import version_py_version
 
 WHEEL_RE = r"vllm-1\.0\.0\+ovl\.(\d+)\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
 
@@ -30,7 +30,7 @@ def members(path: Path) -> dict[str, bytes]:
 
 def raw_member(path: Path, name: str) -> tuple[int, int, bytes]:
     """(CRC, compress_type, compressed bytes) of one member, read from the archive."""
-    from vllm_overlay.zipcopy import locate_members
+    from vllm_overlay.wheel.zipcopy import locate_members
 
     for m in locate_members(path):
         if m.name == name:

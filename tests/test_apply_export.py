@@ -153,7 +153,7 @@ def test_overlay_path_through_a_symlink(project, cli, tmp_path):
 def test_tree_path_through_a_symlink_is_refused(tmp_path):
     """A tree whose directory is a symlink (possible from a git source) is never written through."""
     from vllm_overlay.errors import UnsafePathError
-    from vllm_overlay.overlay import safe_join
+    from vllm_overlay.overlay.model import safe_join
 
     victim = tmp_path / "victim"
     victim.mkdir()

@@ -26,9 +26,9 @@ from fixtures_build import (
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from synthetic import ADDED_TEST, CONNECTOR, release_files
-from vllm_overlay import wheelbuild
 from vllm_overlay.errors import BuildError
-from vllm_overlay.wheelmeta import parse_record, record_hash
+from vllm_overlay.wheel import build as wheelbuild
+from vllm_overlay.wheel.metadata import parse_record, record_hash
 
 OFFICIAL_DI = "vllm-1.0.0.dist-info"
 PROV = "vllm_overlay.json"

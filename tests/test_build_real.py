@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import REAL_HOME, pip_install_target
 from fixtures_build import last_line, members, torch_stub
-from vllm_overlay.checkout import plan
-from vllm_overlay.project import Project
-from vllm_overlay.trees import upstream_repo
-from vllm_overlay.wheeldiff import member_diff
-from vllm_overlay.wheelmeta import version_py_version
+from vllm_overlay.overlay.checkout import plan
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.pin.trees import upstream_repo
+from vllm_overlay.wheel.diff import member_diff
+from vllm_overlay.wheel.metadata import version_py_version
 
 pytestmark = pytest.mark.network
 
@@ -91,7 +91,7 @@ def build(cli, project: Path, out: Path, *extra: str) -> Path:
 
 
 def official_wheel(project: Path) -> Path:
-    from vllm_overlay.artifacts import ensure_artifact
+    from vllm_overlay.pin.artifacts import ensure_artifact
 
     return ensure_artifact(Project(project).lock().wheel())
 

@@ -28,7 +28,7 @@ from fixtures_build import (
 )
 from packaging.requirements import Requirement
 from synthetic import make_upstream, release_files
-from vllm_overlay.setupbuild import (
+from vllm_overlay.wheel.setupbuild import (
     Probe,
     SourceSettings,
     check_environment,

@@ -10,17 +10,17 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from vllm_overlay.errors import BuildError, LockFileError
-from vllm_overlay.lockfile import Artifact
-from vllm_overlay.provenance import ChangedFile
-from vllm_overlay.wheelbuild import choose_strategy, classify
-from vllm_overlay.wheelmeta import (
+from vllm_overlay.pin.lockfile import Artifact
+from vllm_overlay.wheel.build import choose_strategy, classify
+from vllm_overlay.wheel.metadata import (
     local_label,
     overlay_version,
     set_metadata_version,
     set_version_py,
     version_py_version,
 )
-from vllm_overlay.zipcopy import ZipWriter, locate_members
+from vllm_overlay.wheel.provenance import ChangedFile
+from vllm_overlay.wheel.zipcopy import ZipWriter, locate_members
 
 DT = (2026, 1, 1, 0, 0, 0)
 
@@ -206,7 +206,7 @@ def test_place_links_copies_across_devices_and_never_replaces(tmp_path, monkeypa
     import errno
     import os
 
-    from vllm_overlay import wheelbuild
+    from vllm_overlay.wheel import build as wheelbuild
 
     plan = type("P", (), {"provenance": {"build_key": "k"}})()
     src = tmp_path / "src.whl"

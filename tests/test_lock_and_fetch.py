@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import git_out, tree_snapshot
 from synthetic import IndexServer
-from vllm_overlay.lockfile import parse_lock, read_lock, render_lock
+from vllm_overlay.pin.lockfile import parse_lock, read_lock, render_lock
 from vllm_overlay.util import exclusive_lock
 
 
@@ -267,7 +267,7 @@ def test_index_from_pip_config_file(project, cli, monkeypatch, tmp_path):
     conf = tmp_path / "pip.conf"
     conf.write_text(f"[global]\nindex-url = {project.index.url}\n")
     monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
-    from vllm_overlay.index import configured_index_urls
+    from vllm_overlay.index.client import configured_index_urls
 
     assert configured_index_urls()[0] == project.index.url
     res = cli("fetch", cwd=project.root)
@@ -308,7 +308,7 @@ def test_concurrent_runs_across_processes(project, cli, tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time, hashlib, pathlib;"
-         "from vllm_overlay.checkout import _lock_for;"
+         "from vllm_overlay.overlay.checkout import _lock_for;"
          "ctx = _lock_for(pathlib.Path(sys.argv[1])); ctx.__enter__();"
          "print('locked', flush=True); time.sleep(30)", str(co)],
         stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
@@ -335,7 +335,7 @@ def test_git_missing(project, cli, monkeypatch, tmp_path):
 
 
 def test_cached_corrupt_artifact_is_detected(project, cli):
-    from vllm_overlay.artifacts import ensure_artifact
+    from vllm_overlay.pin.artifacts import ensure_artifact
 
     res = cli("fetch", "--index-url", project.index.url, cwd=project.root)
     assert res.rc == 0

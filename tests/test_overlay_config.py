@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from vllm_overlay.errors import OverlayConfigError, UnsafePathError
-from vllm_overlay.overlay import load_overlay, overlay_digest, parse_overlay
+from vllm_overlay.overlay.model import load_overlay, overlay_digest, parse_overlay
 
 GOOD = """\
 revision = 3

@@ -15,10 +15,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from vllm_overlay.checkout import apply_overlay
-from vllm_overlay.lockfile import read_lock
-from vllm_overlay.overlay import load_overlay
-from vllm_overlay.testenv import ensure_testenv
+from vllm_overlay.overlay.checkout import apply_overlay
+from vllm_overlay.overlay.model import load_overlay
+from vllm_overlay.pin.lockfile import read_lock
+from vllm_overlay.testing.testenv import ensure_testenv
 
 ROOT = Path(__file__).resolve().parents[1]
 END_TO_END = "test_hybrid_verifier_hidden_states_round_trip"

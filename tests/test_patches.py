@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from vllm_overlay.errors import PatchError
-from vllm_overlay.patches import apply_patch, canonical_diff, parse_patch
+from vllm_overlay.overlay.patches import apply_patch, canonical_diff, parse_patch
 
 
 def git_diff(tmp_path: Path, old: bytes | None, new: bytes) -> str:

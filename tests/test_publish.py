@@ -32,8 +32,8 @@ from fixtures_publish import (
     write_htpasswd,
 )
 from vllm_overlay.errors import CommandError
+from vllm_overlay.index.upload import ServerIndex, published_files
 from vllm_overlay.main import main
-from vllm_overlay.upload import ServerIndex, published_files
 from vllm_overlay.util import exclusive_lock
 
 USER = "uploader"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import git_out
-from vllm_overlay.lockfile import read_lock
+from vllm_overlay.pin.lockfile import read_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"

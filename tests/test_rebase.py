@@ -29,7 +29,7 @@ from conftest import (
     unified,
 )
 from synthetic import ADDED_TEST, CONNECTOR, EXTRACT, make_upstream, release_files
-from vllm_overlay import history
+from vllm_overlay.overlay import history
 from vllm_overlay.util import exclusive_lock, sha256_bytes
 
 CID = "group-block-size"

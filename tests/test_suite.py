@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXED_CONNECTOR_SNIPPET
 from synthetic import ADDED_TEST, CONNECTOR, release_files
-from vllm_overlay import causes, suite, suite_plugin
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.junit import JunitError, TestResult, parse_junit
-from vllm_overlay.suite_report import RunInfo, RunView, compare, render_text, to_json
+from vllm_overlay.testing import causes, suite
+from vllm_overlay.testing import plugin as suite_plugin
+from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit
+from vllm_overlay.testing.report import RunInfo, RunView, compare, render_text, to_json
 
 UNIT = "tests/v1/kv_connector/unit"
 
@@ -106,7 +107,7 @@ def test_junit_that_is_not_a_report(text, message):
 
 def test_the_plugin_and_the_parser_agree_on_the_markers_property():
     assert suite_plugin.MARKERS_PROPERTY == "vllm_overlay.markers"
-    from vllm_overlay import junit
+    from vllm_overlay.testing import junit
 
     assert junit.MARKERS_PROPERTY == suite_plugin.MARKERS_PROPERTY
 

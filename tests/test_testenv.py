@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from vllm_overlay import testenv, util
+from vllm_overlay import util
 from vllm_overlay.errors import BusyError, OverlayError
+from vllm_overlay.testing import testenv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -291,8 +292,8 @@ def test_command_needs_a_vllm_tree(cli, tmp_path):
 @pytest.fixture
 def real_tree(tmp_path) -> Path:
     """The pristine pinned vLLM tree, as `vllm-overlay apply` makes it."""
-    from vllm_overlay.checkout import apply_overlay
-    from vllm_overlay.lockfile import read_lock
+    from vllm_overlay.overlay.checkout import apply_overlay
+    from vllm_overlay.pin.lockfile import read_lock
 
     return apply_overlay(read_lock(ROOT / "upstream.lock"), None, tmp_path / "vllm").checkout
 

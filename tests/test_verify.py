@@ -10,8 +10,8 @@ from pathlib import Path
 from conftest import pip_install_target
 from fixtures_build import build_args, last_line, members, rewrite_wheel
 from synthetic import CONNECTOR
-from vllm_overlay.provenance import read_from_wheel
-from vllm_overlay.repack import RepackInput, repack
+from vllm_overlay.wheel.provenance import read_from_wheel
+from vllm_overlay.wheel.repack import RepackInput, repack
 
 
 def build(project, cli, out: Path) -> Path:
@@ -177,7 +177,7 @@ def test_inspect_refuses_stock_and_missing_installs(project, cli, tmp_path):
 
 def test_verify_reads_every_crc(tmp_path):
     """A flipped byte inside a stored member's data is caught by the zip check."""
-    from vllm_overlay.verify import member_hashes
+    from vllm_overlay.wheel.verify import member_hashes
 
     path = tmp_path / "x.zip"
     with zipfile.ZipFile(path, "w") as zf:

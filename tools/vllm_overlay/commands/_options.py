@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_overlay.project import Project
+from vllm_overlay.overlay.project import Project
 
 
 def add_index_url(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def checkout_of(args: argparse.Namespace, project: Project) -> Path:
 def refuse_during_rebase(project: Project, verb: str) -> None:
     """Commands that write the lock, overlay/ or the checkout wait for a rebase to settle."""
     from vllm_overlay.errors import RebaseError
-    from vllm_overlay.rebase import in_progress
+    from vllm_overlay.rebase.engine import in_progress
 
     if in_progress(project):
         raise RebaseError(

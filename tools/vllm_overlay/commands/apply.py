@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_overlay.checkout import apply_overlay
 from vllm_overlay.commands._options import (
     add_checkout,
     add_index_url,
@@ -12,7 +11,8 @@ from vllm_overlay.commands._options import (
     checkout_of,
     refuse_during_rebase,
 )
-from vllm_overlay.project import find_project
+from vllm_overlay.overlay.checkout import apply_overlay
+from vllm_overlay.overlay.project import find_project
 
 HELP = "make a checkout: pinned upstream + the overlay, strictly (no fuzz, no offsets)"
 DESCRIPTION = """\

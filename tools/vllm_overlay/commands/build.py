@@ -8,10 +8,10 @@ from pathlib import Path
 
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import UsageError
-from vllm_overlay.project import find_project
-from vllm_overlay.setupbuild import LAUNCHERS, SRC_DIR_VARS, TARGET_DEVICES, SourceSettings
+from vllm_overlay.overlay.project import find_project
 from vllm_overlay.util import info
-from vllm_overlay.wheelbuild import DEFAULT_PLATFORM, STRATEGIES, BuildOptions, build
+from vllm_overlay.wheel.build import DEFAULT_PLATFORM, STRATEGIES, BuildOptions, build
+from vllm_overlay.wheel.setupbuild import LAUNCHERS, SRC_DIR_VARS, TARGET_DEVICES, SourceSettings
 
 HELP = "build the vLLM wheel with the overlay (repack, precompiled or source) and verify it"
 DESCRIPTION = f"""\

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_overlay.checkout import apply_overlay, is_checkout
 from vllm_overlay.commands._options import (
     add_checkout,
     add_index_url,
@@ -12,8 +11,9 @@ from vllm_overlay.commands._options import (
     refuse_during_rebase,
 )
 from vllm_overlay.errors import ExportMismatchError
-from vllm_overlay.export import export_overlay
-from vllm_overlay.project import find_project
+from vllm_overlay.overlay.checkout import apply_overlay, is_checkout
+from vllm_overlay.overlay.export import export_overlay
+from vllm_overlay.overlay.project import find_project
 
 HELP = "write the checkout's changes back into overlay/ (--check: verify it is up to date)"
 DESCRIPTION = """\

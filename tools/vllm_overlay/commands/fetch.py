@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_overlay.artifacts import ensure_artifact
 from vllm_overlay.commands._options import add_index_url, add_source
-from vllm_overlay.project import find_project
-from vllm_overlay.trees import upstream_repo
+from vllm_overlay.overlay.project import find_project
+from vllm_overlay.pin.artifacts import ensure_artifact
+from vllm_overlay.pin.trees import upstream_repo
 
 HELP = "download and verify the pinned upstream (cached; offline once cached)"
 DESCRIPTION = """\

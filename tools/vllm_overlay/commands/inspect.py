@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_overlay.artifacts import ensure_artifact
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import OverlayError, UsageError
-from vllm_overlay.lockfile import Artifact
-from vllm_overlay.provenance import PROVENANCE_NAME, parse, read_from_wheel, render, summary
+from vllm_overlay.pin.artifacts import ensure_artifact
+from vllm_overlay.pin.lockfile import Artifact
 from vllm_overlay.util import run as run_cmd
-from vllm_overlay.wheeldiff import member_diff
+from vllm_overlay.wheel.diff import member_diff
+from vllm_overlay.wheel.provenance import PROVENANCE_NAME, parse, read_from_wheel, render, summary
 
 HELP = "show what a wheel (or an installed vLLM) was built from"
 DESCRIPTION = f"""\

@@ -6,9 +6,9 @@ import argparse
 
 from vllm_overlay.commands._options import add_index_url, refuse_during_rebase
 from vllm_overlay.errors import LockFileError, UsageError
-from vllm_overlay.lockfile import write_lock
-from vllm_overlay.pinning import DEFAULT_GIT, check_lock, compute_lock
-from vllm_overlay.project import find_project
+from vllm_overlay.overlay.project import find_project
+from vllm_overlay.pin.lockfile import write_lock
+from vllm_overlay.pin.pinning import DEFAULT_GIT, check_lock, compute_lock
 from vllm_overlay.util import info
 
 HELP = "pin upstream exactly: write or check upstream.lock"
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_during_rebase(project, "lock")
     if args.check:
         lock = project.lock()
-        problems = check_lock(lock, overlay, index_url=args.index_url)
+        problems = check_lock(lock, overlay.all_files(), index_url=args.index_url)
         if problems:
             raise LockFileError(
                 "upstream.lock does not match the pinned tree and the overlay:\n"
@@ -77,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
     if args.commit and args.refresh_base:
         raise UsageError("--commit goes with --version, not --refresh-base")
     plan = compute_lock(
-        overlay, version=version, commit=commit, git_url=git_url, index_url=args.index_url
+        overlay.all_files(),
+        version=version,
+        commit=commit,
+        git_url=git_url,
+        index_url=args.index_url,
     )
     for n in plan.notes:
         info(n)

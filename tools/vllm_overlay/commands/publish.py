@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 from vllm_overlay.errors import UsageError
-from vllm_overlay.index_static import PublishResult, publish_to_directory, read_wheels
-from vllm_overlay.upload import ServerIndex, server_index, strip_userinfo, upload_to_server
+from vllm_overlay.index.static import PublishResult, publish_to_directory, read_wheels
+from vllm_overlay.index.upload import ServerIndex, server_index, strip_userinfo, upload_to_server
 
 HELP = "publish wheels to a static index directory or an index server"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from vllm_overlay.checkout import checkout_state
 from vllm_overlay.commands._options import add_checkout, checkout_of
-from vllm_overlay.project import find_project
+from vllm_overlay.overlay.checkout import checkout_state
+from vllm_overlay.overlay.project import find_project
 
 HELP = "show the pin, each change and whether the checkout matches the overlay"
 DESCRIPTION = """\

@@ -7,10 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from vllm_overlay import suite
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import UsageError
-from vllm_overlay.project import find_project
+from vllm_overlay.overlay.project import find_project
+from vllm_overlay.testing import suite
 
 HELP = "run vLLM's kv_connector tests on the patched tree and compare with pristine upstream"
 DESCRIPTION = f"""\

@@ -7,8 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from vllm_overlay import testenv, util
+from vllm_overlay import util
 from vllm_overlay.errors import UsageError
+from vllm_overlay.testing import testenv
 
 HELP = "build or show the CPU environment in which vLLM's own tests run"
 DESCRIPTION = """\

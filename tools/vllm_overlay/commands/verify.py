@@ -7,11 +7,11 @@ from pathlib import Path
 
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import BuildError, OverlayError, UsageError
-from vllm_overlay.project import Project, find_project
-from vllm_overlay.provenance import read_from_wheel
+from vllm_overlay.overlay.project import Project, find_project
 from vllm_overlay.util import info
-from vllm_overlay.verify import verify_wheel
-from vllm_overlay.wheelbuild import expectation_for
+from vllm_overlay.wheel.build import expectation_for
+from vllm_overlay.wheel.provenance import read_from_wheel
+from vllm_overlay.wheel.verify import verify_wheel
 
 HELP = "verify a built wheel: zip, RECORD, METADATA, provenance, the overlay's files, install"
 DESCRIPTION = """\

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay.errors import CheckoutError, OverlayError
-from vllm_overlay.git import git, ls_files_z, rev_parse
-from vllm_overlay.lockfile import ABSENT, Lock
-from vllm_overlay.overlay import CONFIG_NAME, PATCH_SUFFIX, Overlay, overlay_files, safe_join
-from vllm_overlay.patches import canonical_diff
-from vllm_overlay.trees import BASE_REF
+from vllm_overlay.gitrepo import git, ls_files_z, rev_parse
+from vllm_overlay.pin.lockfile import ABSENT, Lock
+from vllm_overlay.overlay.model import CONFIG_NAME, PATCH_SUFFIX, Overlay, overlay_files, safe_join
+from vllm_overlay.overlay.patches import canonical_diff
+from vllm_overlay.pin.trees import BASE_REF
 from vllm_overlay.util import atomic_write_bytes
 
 DIFF_OPTS = (

@@ -34,20 +34,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay import history, proving
-from vllm_overlay.checkout import (
-    APPLIED_REF,
-    BRANCH,
-    TRAILER,
-    apply_overlay,
-    check_consistency,
-    checkout_state,
-    is_checkout,
-)
-from vllm_overlay.checkout import plan as plan_overlay
 from vllm_overlay.errors import CheckoutError, RebaseError, UsageError
-from vllm_overlay.export import DIFF_OPTS, export_overlay
-from vllm_overlay.git import (
+from vllm_overlay.gitrepo import (
     config_get,
     config_set,
     git,
@@ -56,9 +44,20 @@ from vllm_overlay.git import (
     show_bytes,
     status_porcelain,
 )
-from vllm_overlay.index import configured_index_urls, list_files, release_file_kind
-from vllm_overlay.lockfile import ABSENT, Lock, base_hash, parse_lock, render_lock, write_lock
-from vllm_overlay.overlay import (
+from vllm_overlay.index.client import configured_index_urls, list_files, release_file_kind
+from vllm_overlay.overlay import history
+from vllm_overlay.overlay.checkout import (
+    APPLIED_REF,
+    BRANCH,
+    TRAILER,
+    apply_overlay,
+    check_consistency,
+    checkout_state,
+    is_checkout,
+)
+from vllm_overlay.overlay.checkout import plan as plan_overlay
+from vllm_overlay.overlay.export import DIFF_OPTS, export_overlay
+from vllm_overlay.overlay.model import (
     CONFIG_NAME,
     Change,
     Overlay,
@@ -66,10 +65,12 @@ from vllm_overlay.overlay import (
     overlay_digest,
     parse_overlay,
 )
-from vllm_overlay.patches import canonical_diff
-from vllm_overlay.pinning import LockPlan, compute_lock
-from vllm_overlay.project import Project
-from vllm_overlay.trees import BASE_REF, upstream_repo
+from vllm_overlay.overlay.patches import canonical_diff
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.pin.lockfile import ABSENT, Lock, base_hash, parse_lock, render_lock, write_lock
+from vllm_overlay.pin.pinning import LockPlan, compute_lock
+from vllm_overlay.pin.trees import BASE_REF, upstream_repo
+from vllm_overlay.testing import proving
 from vllm_overlay.util import atomic_write_text, exclusive_lock, info, run
 
 FORMAT = 1
@@ -406,8 +407,8 @@ def _pin(
 ) -> LockPlan:  # fmt: skip
     """The new pin ([base] is filled in at the end; an unresolvable commit is asked for then)."""
     plan = compute_lock(
-        overlay, version=version, name=name, commit=commit, git_url=remote,
-        index_url=index_url, overlay_paths=[], unresolved_ok=True,
+        [], version=version, name=name, commit=commit, git_url=remote,
+        index_url=index_url, unresolved_ok=True,
     )  # fmt: skip
     for note in plan.notes:
         info(note)

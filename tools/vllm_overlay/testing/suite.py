@@ -35,17 +35,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_overlay import suite_plugin, testenv, util
-from vllm_overlay.artifacts import ensure_artifact
-from vllm_overlay.checkout import apply_overlay
+from vllm_overlay import util
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.git import git
-from vllm_overlay.junit import JunitError, TestResult, parse_junit, parse_junit_file
-from vllm_overlay.lockfile import Lock
-from vllm_overlay.overlay import Overlay
-from vllm_overlay.project import Project
-from vllm_overlay.suite_report import Comparison, RunInfo, RunView, compare, render_text, to_json
-from vllm_overlay.trees import upstream_repo
+from vllm_overlay.gitrepo import git
+from vllm_overlay.overlay.checkout import apply_overlay
+from vllm_overlay.overlay.model import Overlay
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.pin.artifacts import ensure_artifact
+from vllm_overlay.pin.lockfile import Lock
+from vllm_overlay.pin.trees import upstream_repo
+from vllm_overlay.testing import plugin as suite_plugin
+from vllm_overlay.testing import testenv
+from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit, parse_junit_file
+from vllm_overlay.testing.report import Comparison, RunInfo, RunView, compare, render_text, to_json
 
 DEFAULT_SELECTION = ("tests/v1/kv_connector/unit",)
 DEFAULT_TIMEOUT = 120  # seconds per test; the slowest test at 0.24.0 takes ~7 s here
@@ -87,7 +89,7 @@ EnvProvider = Callable[[Path], RunEnv]  # the patched tree -> the environment fo
 
 
 def testenv_provider(tree: Path) -> RunEnv:
-    """The CPU test environment (vllm_overlay.testenv), built from the tree's requirements."""
+    """The CPU test environment (vllm_overlay.testing.testenv), built from the tree's requirements."""
     env = testenv.ensure_testenv(tree)
     return RunEnv(
         python=env.python,

@@ -28,7 +28,7 @@ from pathlib import PurePosixPath
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
 from vllm_overlay.errors import CommandError, PublishError
-from vllm_overlay.index_static import PublishResult, WheelFile
+from vllm_overlay.index.static import PublishResult, WheelFile
 from vllm_overlay.util import info, run
 
 ENV_USERNAME = "VLLM_OVERLAY_INDEX_USERNAME"

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from vllm_overlay import causes
-from vllm_overlay.junit import OUTCOMES, TestResult
+from vllm_overlay.testing import causes
+from vllm_overlay.testing.junit import OUTCOMES, TestResult
 
 TOTAL_KEYS = ("passed", "failed", "skipped", "errors", "not run")
 LIST_LIMIT = 12  # entries shown per list on the screen; --json has them all

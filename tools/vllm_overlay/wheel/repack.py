@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vllm_overlay.errors import BuildError
-from vllm_overlay.provenance import PROVENANCE_NAME
-from vllm_overlay.wheelmeta import (
+from vllm_overlay.wheel.metadata import (
     VERSION_PY,
     RecordRow,
     WheelName,
@@ -33,7 +32,8 @@ from vllm_overlay.wheelmeta import (
     set_metadata_version,
     set_version_py,
 )
-from vllm_overlay.zipcopy import (
+from vllm_overlay.wheel.provenance import PROVENANCE_NAME
+from vllm_overlay.wheel.zipcopy import (
     REGULAR_FILE_MODE,
     SourceMember,
     ZipWriter,

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vllm_overlay.errors import LockFileError
-from vllm_overlay.git import git, show_bytes
-from vllm_overlay.index import configured_index_urls, find_release_files, release_file_kind
-from vllm_overlay.lockfile import Artifact, Lock, Upstream, base_hash
-from vllm_overlay.overlay import Overlay
-from vllm_overlay.trees import sdist_repo
+from vllm_overlay.gitrepo import git, show_bytes
+from vllm_overlay.index.client import configured_index_urls, find_release_files, release_file_kind
+from vllm_overlay.pin.lockfile import Artifact, Lock, Upstream, base_hash
+from vllm_overlay.pin.trees import sdist_repo
 
 DEFAULT_GIT = "https://github.com/vllm-project/vllm.git"
 _ABBREV_RE = re.compile(r"""__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['"]g?([0-9a-f]{7,40})['"]""")
@@ -49,14 +49,13 @@ class LockPlan:
 
 
 def compute_lock(
-    overlay: Overlay,
+    paths: Sequence[str],
     *,
     version: str,
     name: str = "vllm",
     commit: str | None = None,
     git_url: str = DEFAULT_GIT,
     index_url: str | None = None,
-    overlay_paths: list[str] | None = None,
     unresolved_ok: bool = False,
 ) -> LockPlan:
     """Pin ``name==version``: artifacts from the index, commit, and base hashes of the tree.
@@ -110,7 +109,6 @@ def compute_lock(
         )
     if abbrev and commit != UNRESOLVED:
         notes.append(f"the sdist records commit {abbrev}, consistent with {commit}")
-    paths = overlay_paths if overlay_paths is not None else overlay.all_files()
     base_map = {p: base_hash(show_bytes(repo, base, p)) for p in paths}
     lock = Lock(
         upstream=Upstream(name=name, version=version, git=git_url, tag=tag, commit=commit),
@@ -120,10 +118,10 @@ def compute_lock(
     return LockPlan(lock=lock, notes=notes, sdist_commit=abbrev)
 
 
-def check_lock(lock: Lock, overlay: Overlay, *, index_url: str | None = None) -> list[str]:
-    """Problems between the lock, the overlay and the fetched tree ([] when consistent)."""
+def check_lock(lock: Lock, paths: Sequence[str], *, index_url: str | None = None) -> list[str]:
+    """Problems between the lock, the overlay's ``paths`` and the fetched tree ([] when consistent)."""
     problems: list[str] = []
-    files = overlay.all_files()
+    files = list(paths)
     for f in files:
         if f not in lock.base:
             problems.append(f"[base] lacks {f} (a file the overlay touches)")

@@ -17,8 +17,8 @@ import urllib.request
 from pathlib import Path
 
 from vllm_overlay.errors import DownloadError, IntegrityError
-from vllm_overlay.index import configured_index_urls, find_file, sanitize_url
-from vllm_overlay.lockfile import Artifact
+from vllm_overlay.index.client import configured_index_urls, find_file, sanitize_url
+from vllm_overlay.pin.lockfile import Artifact
 from vllm_overlay.util import cache_dir, exclusive_lock, info, sha256_file
 
 CHUNK = 1 << 20

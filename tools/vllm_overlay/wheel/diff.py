@@ -6,7 +6,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.wheelmeta import RecordRow, dist_info_dirs, parse_record
+from vllm_overlay.wheel.metadata import RecordRow, dist_info_dirs, parse_record
 
 
 @dataclass(frozen=True)

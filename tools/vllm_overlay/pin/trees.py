@@ -14,10 +14,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from vllm_overlay.artifacts import ensure_artifact
 from vllm_overlay.errors import IntegrityError, OverlayError
-from vllm_overlay.git import git, rev_parse
-from vllm_overlay.lockfile import Lock
+from vllm_overlay.gitrepo import git, rev_parse
+from vllm_overlay.pin.artifacts import ensure_artifact
+from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.util import cache_dir, exclusive_lock, info
 
 BASE_REF = "refs/vllm-overlay/base"

@@ -34,9 +34,8 @@ from packaging.tags import parse_tag, sys_tags
 from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import BuildError, OverlayError
-from vllm_overlay.provenance import PROVENANCE_NAME, ChangedFile, parse
 from vllm_overlay.util import run
-from vllm_overlay.wheelmeta import (
+from vllm_overlay.wheel.metadata import (
     VERSION_PY,
     RecordRow,
     WheelName,
@@ -47,7 +46,8 @@ from vllm_overlay.wheelmeta import (
     record_hash_from_hex,
     version_py_version,
 )
-from vllm_overlay.zipcopy import SourceMember, ZipFormatError, locate_members, read_raw
+from vllm_overlay.wheel.provenance import PROVENANCE_NAME, ChangedFile, parse
+from vllm_overlay.wheel.zipcopy import SourceMember, ZipFormatError, locate_members, read_raw
 
 MAX_SHOWN = 25
 

@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import BuildError, CommandError
 from vllm_overlay.util import run
-from vllm_overlay.wheelmeta import metadata_version, parse_name, requires_dist
+from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist
 
 SOURCE_DATE_EPOCH = "315532800"  # 1980-01-01T00:00:00Z, the zip epoch: no clock in the output
 BUILD_REQUIREMENTS = "requirements/build/cuda.txt"

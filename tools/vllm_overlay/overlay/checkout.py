@@ -26,11 +26,11 @@ from vllm_overlay.errors import (
     OverlayConfigError,
     OverlayError,
 )
-from vllm_overlay.git import config_set, git, rev_parse, show_bytes, status_porcelain
-from vllm_overlay.lockfile import ABSENT, Lock, base_hash
-from vllm_overlay.overlay import Change, Overlay, overlay_digest, safe_join
-from vllm_overlay.patches import apply_patch, parse_patch
-from vllm_overlay.trees import BASE_REF, upstream_repo
+from vllm_overlay.gitrepo import config_set, git, rev_parse, show_bytes, status_porcelain
+from vllm_overlay.pin.lockfile import ABSENT, Lock, base_hash
+from vllm_overlay.overlay.model import Change, Overlay, overlay_digest, safe_join
+from vllm_overlay.overlay.patches import apply_patch, parse_patch
+from vllm_overlay.pin.trees import BASE_REF, upstream_repo
 from vllm_overlay.util import cache_dir, exclusive_lock
 
 BRANCH = "overlay"
@@ -243,7 +243,7 @@ def _apply_existing(
 
 def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object]:
     """How a checkout relates to the overlay on disk (for status and edit)."""
-    from vllm_overlay.export import export_overlay
+    from vllm_overlay.overlay.export import export_overlay
 
     if not dest.exists():
         return {"exists": False, "state": "missing"}

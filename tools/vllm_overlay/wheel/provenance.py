@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from vllm_overlay import __version__
-from vllm_overlay.checkout import PlannedChange
 from vllm_overlay.errors import BuildError
-from vllm_overlay.lockfile import ABSENT, Artifact, Lock
-from vllm_overlay.overlay import Overlay
+from vllm_overlay.overlay.checkout import PlannedChange
+from vllm_overlay.overlay.model import Overlay
+from vllm_overlay.pin.lockfile import ABSENT, Artifact, Lock
 from vllm_overlay.util import sha256_bytes, sha256_file
 
 PROVENANCE_NAME = "vllm_overlay.json"

@@ -23,22 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_overlay.artifacts import cached_path, ensure_artifact
-from vllm_overlay.checkout import apply_overlay, is_checkout, plan
 from vllm_overlay.errors import BuildError, LockFileError, UsageError
-from vllm_overlay.git import git, show_bytes
-from vllm_overlay.lockfile import Artifact, Lock
-from vllm_overlay.overlay import Overlay, overlay_digest
-from vllm_overlay.project import Project
-from vllm_overlay.provenance import (
+from vllm_overlay.gitrepo import git, show_bytes
+from vllm_overlay.overlay.checkout import apply_overlay, is_checkout, plan
+from vllm_overlay.overlay.model import Overlay, overlay_digest
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.pin.artifacts import cached_path, ensure_artifact
+from vllm_overlay.pin.lockfile import Artifact, Lock
+from vllm_overlay.pin.trees import upstream_repo
+from vllm_overlay.util import exclusive_lock, info, sha256_bytes, sha256_file
+from vllm_overlay.wheel.metadata import WheelName, local_label, overlay_version, parse_name
+from vllm_overlay.wheel.provenance import (
     ChangedFile,
     changed_files,
     provenance,
     read_from_wheel,
     render,
 )
-from vllm_overlay.repack import OfficialWheel, RepackInput, read_official, repack
-from vllm_overlay.setupbuild import (
+from vllm_overlay.wheel.repack import OfficialWheel, RepackInput, read_official, repack
+from vllm_overlay.wheel.setupbuild import (
     BUILD_REQUIREMENTS,
     PreflightError,
     SetupCommand,
@@ -52,10 +55,7 @@ from vllm_overlay.setupbuild import (
     run_setup,
     source_command,
 )
-from vllm_overlay.trees import upstream_repo
-from vllm_overlay.util import exclusive_lock, info, sha256_bytes, sha256_file
-from vllm_overlay.verify import Expectation, VerifyResult, verify_wheel
-from vllm_overlay.wheelmeta import WheelName, local_label, overlay_version, parse_name
+from vllm_overlay.wheel.verify import Expectation, VerifyResult, verify_wheel
 
 STRATEGIES = ("auto", "repack", "precompiled", "source")
 DEFAULT_PLATFORM = "manylinux_2_28_x86_64"

@@ -5,7 +5,7 @@ the new, pristine upstream tree: if they fail, upstream's version does not do wh
 Test files the change itself adds (or edits) are placed into a scratch copy of that tree
 under names no upstream file has, so upstream's own file at the same path (if any) stays.
 
-Runners: vLLM's tests need the CPU test environment of ``vllm_overlay.testenv``; any other
+Runners: vLLM's tests need the CPU test environment of ``vllm_overlay.testing.testenv``; any other
 tree (the synthetic upstream of this tool's tests) runs with a plain Python that has pytest.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git
-from vllm_overlay.overlay import safe_join
+from vllm_overlay.gitrepo import git
+from vllm_overlay.overlay.model import safe_join
 from vllm_overlay.util import atomic_write_bytes, atomic_write_text, info, run
 
 TIMEOUT_S = 3600.0
@@ -94,7 +94,7 @@ class TestEnvRunner:
     __test__ = False
 
     def command(self, tree: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
-        from vllm_overlay.testenv import ensure_testenv
+        from vllm_overlay.testing.testenv import ensure_testenv
 
         env = ensure_testenv(tree)
         return [os.fspath(env.python), "-m", "pytest"], env.environ(workdir, tree)

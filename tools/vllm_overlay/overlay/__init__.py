@@ -1,0 +1,1 @@
+"""The overlay: overlay.toml model, strict patches, the checkout (apply), export, history."""

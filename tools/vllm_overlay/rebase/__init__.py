@@ -1,0 +1,1 @@
+"""Rebase: moving the overlay to a new vLLM release."""

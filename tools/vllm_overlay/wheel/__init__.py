@@ -1,0 +1,1 @@
+"""The wheel: strategies, repack, zip copy, metadata, provenance, setup.py builds, verify, diff."""
