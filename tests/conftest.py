@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 from synthetic import ADDED_TEST, CONNECTOR, IndexServer, Upstream, make_upstream, release_files  # noqa: E402
 from vllm_overlay.main import main  # noqa: E402
+
+pytest_plugins = ["fixtures_publish"]  # the publish fixtures (unit and real-wheel tests)
 
 REAL_HOME = os.environ.get("HOME", "/root")
 

@@ -272,14 +272,14 @@ def upload_time_now(environ: Mapping[str, str] | None = None) -> str:
     epoch = environ.get("SOURCE_DATE_EPOCH")
     if epoch:
         try:
-            when = dt.datetime.fromtimestamp(int(epoch), dt.timezone.utc)
+            when = dt.datetime.fromtimestamp(int(epoch), dt.UTC)
         except (ValueError, OverflowError, OSError) as e:
             raise PublishError(
                 f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds since 1970. "
                 "Unset it or set it to an integer."
             ) from e
     else:
-        when = dt.datetime.now(dt.timezone.utc)
+        when = dt.datetime.now(dt.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -7,10 +7,9 @@ changes only the lines whose values changed (a bump is a short, reviewable diff)
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import tomllib
 
 from vllm_overlay.errors import LockFileError
 from vllm_overlay.util import atomic_write_text, sha256_bytes

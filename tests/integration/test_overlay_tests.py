@@ -20,7 +20,7 @@ from vllm_overlay.overlay.model import load_overlay
 from vllm_overlay.pin.lockfile import read_lock
 from vllm_overlay.testing.testenv import ensure_testenv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 END_TO_END = "test_hybrid_verifier_hidden_states_round_trip"
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

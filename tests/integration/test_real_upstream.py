@@ -8,7 +8,7 @@ import pytest
 from conftest import git_out
 from vllm_overlay.pin.lockfile import read_lock
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 EXTRACT = "vllm/model_executor/models/extract_hidden_states.py"
 

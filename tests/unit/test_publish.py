@@ -4,152 +4,37 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import zipfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 from fixtures_publish import (
+    ABI3_WHEEL,
+    PASSWORD,
     PY,
+    PY3_WHEEL,
     REAL_TAG,
     REAL_TAG_PIP_OPTIONS,
-    Server,
-    clean_env,
+    USER,
+    PyPI,
     free_port,
     make_wheel,
     negotiating_server,
     pip,
+    pip_download,
     read_only,
     run_publish_cli,
     sha256_of,
-    start_http_server,
-    start_pypiserver,
-    write_htpasswd,
+    tree,
 )
 from vllm_overlay.errors import CommandError
 from vllm_overlay.index.upload import ServerIndex, published_files
-from vllm_overlay.main import main
 from vllm_overlay.util import exclusive_lock
 
-USER = "uploader"
-PASSWORD = "pw-Zq8x-s3cr3t"  # distinctive, so a leak into any output is easy to spot
-PY3_WHEEL = "vllm-0.24.0+ovl.1.abc-py3-none-any.whl"
-ABI3_WHEEL = f"vllm-0.24.0+ovl.1.abc-{REAL_TAG}.whl"
-REAL_WHEEL = os.environ.get("VLLM_OVERLAY_REAL_WHEEL")
-# Captured at import, before the fixtures below isolate the environment: the real build
-# reuses the real download cache (the official wheel is 279 MB).
-REAL_CACHE = os.environ.get("VLLM_OVERLAY_CACHE") or str(
-    Path(os.environ.get("HOME", "/root")) / ".cache" / "vllm-overlay"
-)
-ROOT = Path(__file__).resolve().parents[1]
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(autouse=True)
-def publish_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Every test (and every subprocess it starts) gets a HOME, caches and pip config
-    inside tmp_path, no proxies and no index or credential variables from outside."""
-    env = clean_env(tmp_path / "home")
-    for key in list(os.environ):
-        if key not in env:
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return env
-
-
-@dataclass(frozen=True)
-class CliResult:
-    rc: int
-    out: str
-    err: str
-
-    @property
-    def all(self) -> str:
-        return self.out + self.err
-
-
-@pytest.fixture
-def publish_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
-    """Run ``vllm-overlay publish ARGS`` in-process (twine still runs as a subprocess)."""
-
-    def run(*args: str | os.PathLike[str]) -> CliResult:
-        capsys.readouterr()
-        rc = main(["publish", *map(str, args)])
-        captured = capsys.readouterr()
-        return CliResult(rc, captured.out, captured.err)
-
-    return run
-
-
-@pytest.fixture
-def wheels(tmp_path: Path) -> Path:
-    return tmp_path / "wheels"
-
-
-@pytest.fixture
-def serve(tmp_path: Path, publish_env: dict[str, str]) -> Iterator[Callable[[Path], Server]]:
-    """Start ``python -m http.server`` over a directory; stopped at teardown."""
-    servers: list[Server] = []
-
-    def start(directory: Path) -> Server:
-        log = tmp_path / f"http-{len(servers)}.log"
-        servers.append(start_http_server(directory, log, publish_env))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.stop()
-
-
-@dataclass(frozen=True)
-class PyPI:
-    server: Server
-    url: str
-    packages: Path
-
-
-@pytest.fixture(scope="module")
-def pypi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PyPI]:
-    """One pypiserver for the module: uploads need USER/PASSWORD, downloads are open, and
-    it never falls back to a public index. Tests use distinct versions."""
-    root = tmp_path_factory.mktemp("pypiserver")
-    packages = root / "packages"
-    packages.mkdir()
-    write_htpasswd(root / "htpasswd", USER, PASSWORD)
-    env = clean_env(root / "home")
-    server = start_pypiserver(packages, root / "htpasswd", root / "server.log", env)
-    try:
-        yield PyPI(server, server.url, packages)
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_OVERLAY_INDEX_USERNAME", USER)
-    monkeypatch.setenv("VLLM_OVERLAY_INDEX_PASSWORD", PASSWORD)
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` with its bytes (the lock file is empty by design)."""
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
-def pip_download(
-    env: dict[str, str], index_url: str, req: str, dest: Path, *options: str
-) -> subprocess.CompletedProcess[str]:
-    args = ["download", "--no-deps", "--index-url", index_url, "-d", str(dest), *options, req]
-    return pip(args, env)
+pytestmark = pytest.mark.usefixtures("publish_env")
 
 
 # --------------------------------------------------------------------------- static index
@@ -637,48 +522,3 @@ def test_cli_runs_as_a_command(tmp_path: Path, wheels: Path, publish_env) -> Non
     )
     assert bad.returncode == 1
     assert bad.stderr.startswith("vllm-overlay publish: error: ")
-
-
-# --------------------------------------------------------------------------- the real wheel
-
-
-def build_real_wheel(out: Path) -> Path:
-    """The real built wheel: VLLM_OVERLAY_REAL_WHEEL if set, else `vllm-overlay build` now."""
-    if REAL_WHEEL:
-        return Path(REAL_WHEEL)
-    env = {**os.environ, "VLLM_OVERLAY_CACHE": REAL_CACHE}
-    proc = subprocess.run(
-        [PY, "-m", "vllm_overlay", "--project", str(ROOT), "build", "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.network
-def test_publish_real_wheel(
-    tmp_path: Path, publish_cli, serve, pypi: PyPI, credentials: None, publish_env
-) -> None:
-    wheel = build_real_wheel(tmp_path / "dist")
-    assert wheel.name.startswith("vllm-0.24.0+") and wheel.name.endswith(f"-{REAL_TAG}.whl")
-    digest = sha256_of(wheel)
-    index = tmp_path / "index"
-    assert publish_cli(wheel, "--to", index).rc == 0
-    static = serve(index)
-    dest = tmp_path / "from-static"
-    got = pip_download(
-        publish_env, f"{static.url}simple/", "vllm==0.24.0", dest, *REAL_TAG_PIP_OPTIONS
-    )
-    assert got.returncode == 0, got.stdout + got.stderr
-    assert sha256_of(dest / wheel.name) == digest
-
-    r = publish_cli(wheel, "--to", pypi.url)
-    assert r.rc == 0, r.err
-    # The module's server also holds the small test wheels, so pin the exact version.
-    exact = f"vllm=={wheel.name.split('-')[1]}"
-    dest = tmp_path / "from-server"
-    got = pip_download(publish_env, f"{pypi.url}simple/", exact, dest, *REAL_TAG_PIP_OPTIONS)
-    assert got.returncode == 0, got.stdout + got.stderr
-    assert sha256_of(dest / wheel.name) == digest

@@ -27,7 +27,7 @@ from vllm_overlay.wheel.metadata import version_py_version
 
 pytestmark = pytest.mark.network
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WHEEL_RE = r"vllm-0\.24\.0\+ovl\.\d+\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
 CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 EXTRACT = "vllm/model_executor/models/extract_hidden_states.py"

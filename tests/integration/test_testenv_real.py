@@ -1,0 +1,70 @@
+"""The CPU test environment: its recipe, its cache entry, the environment it gives a run.
+
+The unit tests use small fake vLLM trees and a fake build (no pip, no network); the one
+``network`` test builds the real environment from the pinned vLLM tree and imports vLLM
+from that tree through it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from vllm_overlay.testing import testenv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+COMMON = """\
+regex # Replace re for higher-performance regex matching
+numpy
+transformers >= 5.5.3
+protobuf >= 5.29.6, !=6.30.*  # CVE
+llguidance >= 1.7.0, < 1.8.0; platform_machine == "x86_64"
+"""
+
+
+@pytest.fixture
+def real_tree(tmp_path) -> Path:
+    """The pristine pinned vLLM tree, as `vllm-overlay apply` makes it."""
+    from vllm_overlay.overlay.checkout import apply_overlay
+    from vllm_overlay.pin.lockfile import read_lock
+
+    return apply_overlay(read_lock(ROOT / "upstream.lock"), None, tmp_path / "vllm").checkout
+
+
+PROBE = """\
+import json, torch, vllm, transformers
+from vllm.platforms import current_platform
+config = transformers.AutoConfig.from_pretrained("facebook/opt-125m")
+print(json.dumps({
+    "vllm": vllm.__file__,
+    "torch": torch.__version__,
+    "platform": type(current_platform).__name__,
+    "model_type": config.model_type,
+}))
+"""
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_the_real_environment_imports_vllm_from_the_tree(real_tree, tmp_path):
+    env = testenv.ensure_testenv(real_tree)
+    assert (env.path / testenv.MARKER).is_file()
+    assert env.torch_version.startswith("2.13.0")
+    environ = env.environ(tmp_path / "work", real_tree)
+    proc = subprocess.run(
+        [str(env.python), "-c", PROBE],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(probe["vllm"]).resolve().is_relative_to(real_tree.resolve())
+    assert probe["torch"] == env.torch_version
+    assert probe["platform"] == "CpuPlatform"
+    assert probe["model_type"] == "opt"
