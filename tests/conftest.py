@@ -138,6 +138,9 @@ def test_group_block_size():
 """
 
 
+CID = "group-block-size"
+
+
 @dataclass
 class Proj:
     root: Path
@@ -152,6 +155,9 @@ class Proj:
     def overlay(self) -> Path:
         return self.root / "overlay"
 
+    def change_file(self, rel: str, change: str = CID) -> Path:
+        return change_file(self.overlay, rel, change)
+
     def pin(self, version: str = "1.0.0") -> Result:
         commit = self.upstream.releases[version].commit
         return run_cli(
@@ -160,16 +166,26 @@ class Proj:
         )  # fmt: skip
 
 
-def write_overlay(root: Path, version: str = "1.0.0") -> None:
+def change_file(overlay: Path, rel: str, change: str = CID) -> Path:
+    """``overlay/<change>/<rel>``: a change's patch (``PATH.patch``) or added file (``PATH``)."""
+    return overlay / change / rel
+
+
+def write_overlay(root: Path, version: str = "1.0.0", *, legacy: bool = False) -> None:
+    """The one-change overlay; ``legacy``: in the older one-change-per-file layout."""
     ov = root / "overlay"
-    (ov / CONNECTOR).parent.mkdir(parents=True, exist_ok=True)
-    (ov / ADDED_TEST).parent.mkdir(parents=True, exist_ok=True)
+    ov.mkdir(parents=True, exist_ok=True)
     (ov / "overlay.toml").write_text(OVERLAY_TOML.format(connector=CONNECTOR, added=ADDED_TEST))
     old = release_files(version)[CONNECTOR]
     new = old.replace(*FIXED_CONNECTOR_SNIPPET)
     assert new != old
-    (ov / (CONNECTOR + ".patch")).write_text(unified(CONNECTOR, old, new))
-    (ov / ADDED_TEST).write_text(ADDED_TEST_BODY)
+    where = ov if legacy else ov / CID
+    for rel, text in (
+        (CONNECTOR + ".patch", unified(CONNECTOR, old, new)),
+        (ADDED_TEST, ADDED_TEST_BODY),
+    ):
+        (where / rel).parent.mkdir(parents=True, exist_ok=True)
+        (where / rel).write_text(text)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import ADDED_TEST_BODY, FIXED_CONNECTOR_SNIPPET, git_out, tree_snapshot
+from conftest import ADDED_TEST_BODY, CID, FIXED_CONNECTOR_SNIPPET, git_out, tree_snapshot
 from synthetic import ADDED_TEST, CONNECTOR, release_files
 
 
@@ -69,7 +69,7 @@ def test_patch_that_does_not_apply_names_change_file_hunk_line(project, cli, tmp
     co = tmp_path / "co"
     assert apply(cli, project, co).rc == 0
     before = tree_snapshot(co)
-    patch = project.overlay / (CONNECTOR + ".patch")
+    patch = project.change_file(CONNECTOR + ".patch")
     patch.write_text(patch.read_text().replace(" class Connector:", " class Konnector:"))
     res = apply(cli, project, co)
     assert res.rc == 1
@@ -86,7 +86,7 @@ def test_patch_that_does_not_apply_names_change_file_hunk_line(project, cli, tmp
 
 def test_patch_with_offset_context_is_refused(project, cli, tmp_path):
     """No offsets: a hunk whose lines exist elsewhere in the file is still refused."""
-    patch = project.overlay / (CONNECTOR + ".patch")
+    patch = project.change_file(CONNECTOR + ".patch")
     text = patch.read_text()
     import re
 
@@ -141,9 +141,9 @@ def test_unsafe_overlay_paths(project, cli, tmp_path, path, message):
 def test_overlay_path_through_a_symlink(project, cli, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
-    real = project.overlay / "tests"
+    real = project.change_file("tests")
     real.rename(outside / "tests")
-    os.symlink(outside / "tests", project.overlay / "tests")
+    os.symlink(outside / "tests", project.change_file("tests"))
     res = apply(cli, project, tmp_path / "co")
     assert res.rc == 1
     assert "passes through a symlink" in res.err
@@ -202,7 +202,7 @@ def test_export_round_trip_is_canonical_and_deterministic(project, cli, tmp_path
     res = cli("export", "--checkout", co, cwd=project.root)
     assert res.rc == 0, res.err
     first = tree_snapshot(project.overlay)
-    patch = first[CONNECTOR + ".patch"].decode()
+    patch = first[f"{CID}/{CONNECTOR}.patch"].decode()
     assert patch.startswith(f"diff --git a/{CONNECTOR} b/{CONNECTOR}\n--- a/{CONNECTOR}\n")
     assert "\nindex " not in patch
     # export again (and from a second, independent checkout): same bytes
@@ -223,25 +223,25 @@ def test_export_check_names_every_file_that_would_change(project, cli, tmp_path)
     assert cli("export", "--checkout", co, cwd=project.root).rc == 0
     (co / CONNECTOR).write_text((co / CONNECTOR).read_text() + "\n# more\n")
     (co / ADDED_TEST).write_text(ADDED_TEST_BODY + "\n# more\n")
-    stray = project.overlay / "vllm" / "stale.py.patch"
+    stray = project.change_file("vllm/stale.py.patch")
     stray.write_text("old\n")
     snap = tree_snapshot(project.overlay)
     res = cli("export", "--check", "--checkout", co, cwd=project.root)
     assert res.rc == 1
-    assert f"would write overlay/{CONNECTOR}.patch" in res.err
-    assert f"would write overlay/{ADDED_TEST}" in res.err
-    assert "would remove overlay/vllm/stale.py.patch" in res.err
+    assert f"would write overlay/{CID}/{CONNECTOR}.patch" in res.err
+    assert f"would write overlay/{CID}/{ADDED_TEST}" in res.err
+    assert f"would remove overlay/{CID}/vllm/stale.py.patch" in res.err
     assert tree_snapshot(project.overlay) == snap
     res = cli("export", "--checkout", co, cwd=project.root)
     assert res.rc == 0
     assert not stray.exists()
-    assert "+# more" in (project.overlay / (CONNECTOR + ".patch")).read_text()
+    assert "+# more" in (project.change_file(CONNECTOR + ".patch")).read_text()
 
 
 def test_export_check_without_checkout_makes_one(project, cli):
     # the fixture's patch was written by difflib, not export: the round trip shows it
     res = cli("export", "--check", "--index-url", project.index.url, cwd=project.root)
-    assert res.rc == 1 and f"would write overlay/{CONNECTOR}.patch" in res.err
+    assert res.rc == 1 and f"would write overlay/{CID}/{CONNECTOR}.patch" in res.err
     assert cli("export", cwd=project.root).rc == 0
     res = cli("export", "--check", cwd=project.root)
     assert res.rc == 0, res.err
@@ -256,7 +256,7 @@ def test_export_refuses_changes_outside_the_overlay(project, cli, tmp_path):
     res = cli("export", "--checkout", co, cwd=project.root)
     assert res.rc == 1
     assert (
-        "belong to no change" in res.err
+        "changes files it does not list" in res.err
         and "README.md" in res.err
         and "vllm/new_module.py" in res.err
     )
@@ -268,7 +268,7 @@ def test_export_refuses_a_reverted_file(project, cli, tmp_path):
     assert apply(cli, project, co).rc == 0
     (co / CONNECTOR).write_text(release_files("1.0.0")[CONNECTOR])
     res = cli("export", "--checkout", co, cwd=project.root)
-    assert res.rc == 1 and "no longer differs from upstream" in res.err
+    assert res.rc == 1 and f"does not change {CONNECTOR}" in res.err
 
 
 def test_edit_then_export_then_apply(project, cli):
@@ -285,7 +285,9 @@ def test_edit_then_export_then_apply(project, cli):
     st = json.loads(cli("status", "--json", cwd=project.root).out)
     assert st["checkout"]["state"] == "edited"
     assert cli("export", cwd=project.root).rc == 0
-    assert '+        return "NHD"  # ours' in (project.overlay / (CONNECTOR + ".patch")).read_text()
+    assert (
+        '+        return "NHD"  # ours' in (project.change_file(CONNECTOR + ".patch")).read_text()
+    )
     res = cli("apply", "--force", cwd=project.root)
     assert res.rc == 0, res.err
     st = json.loads(cli("status", "--json", cwd=project.root).out)
@@ -307,7 +309,7 @@ def test_status(project, cli, tmp_path):
     assert st["changes"][0]["drop_now"] is False
     assert st["upstream"]["commit"] == project.upstream.releases["1.0.0"].commit
     # change the overlay: the checkout is stale
-    p = project.overlay / ADDED_TEST
+    p = project.change_file(ADDED_TEST)
     p.write_text(p.read_text() + "# v2\n")
     st = json.loads(cli("status", "--json", "--checkout", co, cwd=project.root).out)
     assert st["checkout"]["state"] == "stale"

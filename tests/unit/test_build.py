@@ -99,7 +99,7 @@ def test_repack_writes_a_verified_wheel_that_differs_only_where_the_overlay_does
     (change,) = doc["changes"]
     assert change["id"] == "group-block-size"
     files = {f["path"]: f for f in change["files"]}
-    patch = (project.overlay / (CONNECTOR + ".patch")).read_bytes()
+    patch = (project.change_file(CONNECTOR + ".patch")).read_bytes()
     assert files[CONNECTOR]["overlay_sha256"] == hashlib.sha256(patch).hexdigest()
     assert files[CONNECTOR]["kind"] == "patch" and files[CONNECTOR]["in_wheel"] is True
     assert files[ADDED_TEST]["kind"] == "added" and files[ADDED_TEST]["in_wheel"] is False
@@ -255,8 +255,8 @@ def test_no_official_wheel_for_the_platform(project, cli, tmp_path):
 def test_compiled_change_makes_auto_choose_source_and_repack_refuse(project, cli, tmp_path):
     kernel = "csrc/kernel.cu"
     old = release_files("1.0.0")[kernel]
-    (project.overlay / "csrc").mkdir()
-    (project.overlay / (kernel + ".patch")).write_text(unified(kernel, old, "// kernels, faster\n"))
+    project.change_file(kernel + ".patch").parent.mkdir()
+    project.change_file(kernel + ".patch").write_text(unified(kernel, old, "// kernels, faster\n"))
     toml = project.overlay / "overlay.toml"
     toml.write_text(toml.read_text().replace("files = [\n", f'files = [\n    "{kernel}",\n'))
     res = cli("lock", "--refresh-base", "--index-url", project.index.url, cwd=project.root)

@@ -34,7 +34,7 @@ def test_good_config():
     assert c.files == ("vllm/a.py", "tests/test_a.py")
     assert c.dropped_by("vllm", "0.25.0") and c.dropped_by("vllm", "0.33.0")
     assert not c.dropped_by("vllm", "0.24.0")
-    assert ov.owner("vllm/a.py") is c and ov.owner("vllm/b.py") is None
+    assert ov.owners("vllm/a.py") == [c] and ov.owners("vllm/b.py") == []
 
 
 @pytest.mark.parametrize(
@@ -66,8 +66,8 @@ def test_good_config():
         (lambda t: t.replace('title = "One"', "title = 1"), "`title` must be a non-empty string"),
         (lambda t: t + t.split("\n\n", 1)[1], "duplicate `id` 'fix-one'"),
         (
-            lambda t: t + t.split("\n\n", 1)[1].replace("fix-one", "fix-two"),
-            "which change 'fix-one' already owns",
+            lambda t: t.replace('"tests/test_a.py"]', '"tests/test_a.py", "vllm/a.py"]'),
+            "lists ['vllm/a.py'] more than once",
         ),
         (lambda t: t.replace("[[change]]", "[change]"), "`change` must be an array of tables"),
         (lambda t: t + "[[change\n", "is not valid TOML"),
@@ -115,3 +115,17 @@ def test_digest_follows_content(tmp_path):
     (d / "vllm" / "__pycache__").mkdir()
     (d / "vllm" / "__pycache__" / "junk.pyc").write_bytes(b"1")
     assert overlay_digest(d) == one
+
+
+def test_several_changes_may_touch_one_file_in_order():
+    second = (
+        GOOD.split("\n\n", 1)[1]
+        .replace("fix-one", "fix-two")
+        .replace('"tests/test_a.py"]', '"vllm/b.py"]')
+    )
+    ov = parse(GOOD + "\n" + second)
+    one, two = ov.changes
+    assert [c.id for c in ov.owners("vllm/a.py")] == ["fix-one", "fix-two"]
+    assert ov.all_files() == ["vllm/a.py", "tests/test_a.py", "vllm/b.py"]  # once each
+    assert ov.patch_file("fix-two", "vllm/a.py") == Path("/p/overlay/fix-two/vllm/a.py.patch")
+    assert ov.whole_file("fix-one", "tests/test_a.py") == Path("/p/overlay/fix-one/tests/test_a.py")

@@ -163,8 +163,9 @@ def add_second_change(p: Proj) -> None:
     new = old.replace(
         "    block_size = len(kv_cache[0])\n", "    block_size = len(kv_cache[0])  # ours\n"
     )
-    (p.overlay / (EXTRACT + ".patch")).parent.mkdir(parents=True, exist_ok=True)
-    (p.overlay / (EXTRACT + ".patch")).write_text(unified(EXTRACT, old, new))
+    patch = p.change_file(EXTRACT + ".patch", "extract-comment")
+    patch.parent.mkdir(parents=True, exist_ok=True)
+    patch.write_text(unified(EXTRACT, old, new))
     with open(p.overlay / "overlay.toml", "a") as f:
         f.write(
             "\n[[change]]\n"
@@ -184,7 +185,7 @@ def add_second_change(p: Proj) -> None:
 
 
 def test_clean_refresh_with_moved_context(proj: Proj, tmp_path: Path):
-    old_patch = (proj.overlay / (CONNECTOR + ".patch")).read_text()
+    old_patch = (proj.change_file(CONNECTOR + ".patch")).read_text()
     res = rebase_to(proj, "1.1.0", "--json")
     assert res.rc == 0, res.err
     rep = as_json(res)
@@ -192,7 +193,7 @@ def test_clean_refresh_with_moved_context(proj: Proj, tmp_path: Path):
     assert rep["refreshed"] == [CID] and rep["kept"] == [] and rep["dropped"] == []
     assert rep["to"]["version"] == "1.1.0"
     assert rep["revision"] == {"from": 1, "to": 2}
-    new_patch = (proj.overlay / (CONNECTOR + ".patch")).read_text()
+    new_patch = (proj.change_file(CONNECTOR + ".patch")).read_text()
     assert new_patch != old_patch
     assert "@@ -4,7 +4,8 @@" in old_patch
     assert "@@ -9,7 +9,8 @@" in new_patch  # the new context, five lines further down
@@ -238,7 +239,7 @@ def test_upstream_edits_elsewhere_in_a_touched_file_survive(proj: Proj, tmp_path
     text = (checkout(proj) / CONNECTOR).read_text()
     assert "upstream-1.0.5" in text and "group_block_size" in text  # no silent revert
     new = project_snapshot(proj)
-    assert new["overlay/" + CONNECTOR + ".patch"] == old["overlay/" + CONNECTOR + ".patch"]
+    assert new[f"overlay/{CID}/{CONNECTOR}.patch"] == old[f"overlay/{CID}/{CONNECTOR}.patch"]
     assert new["overlay/overlay.toml"] == old["overlay/overlay.toml"]  # nothing to bump
     assert lock_data(proj)["upstream"]["git"] == str(proj.upstream.repo)
     assert_consistent(proj, tmp_path)
@@ -281,7 +282,7 @@ def test_conflict_stops_with_markers_then_continue(proj: Proj, tmp_path: Path):
     assert rep["status"] == "complete"
     assert rep["resolved"] == [CID] and rep["conflicted"] == [CID]
     assert_pinned(proj, "1.2.0")
-    patch = (proj.overlay / (CONNECTOR + ".patch")).read_text()
+    patch = (proj.change_file(CONNECTOR + ".patch")).read_text()
     assert "-        self._block_size = int(cache_config.block_size)  # upstream rewrote" in patch
     assert_consistent(proj, tmp_path)
     assert (tmp_path / "fresh" / CONNECTOR).read_text() == resolved
@@ -405,8 +406,8 @@ def test_collision_of_an_added_file(proj: Proj, tmp_path: Path):
     assert as_json(res)["resolved"] == [CID]
     base = lock_data(proj)["base"]
     assert base[ADDED_TEST] == "sha256:" + sha256_bytes(UPSTREAM_TEST.encode())
-    assert not (proj.overlay / ADDED_TEST).exists()  # no longer a whole file: a patch
-    assert "+def test_group_block_size" in (proj.overlay / (ADDED_TEST + ".patch")).read_text()
+    assert not (proj.change_file(ADDED_TEST)).exists()  # no longer a whole file: a patch
+    assert "+def test_group_block_size" in (proj.change_file(ADDED_TEST + ".patch")).read_text()
     assert_consistent(proj, tmp_path)
 
 
@@ -441,8 +442,8 @@ def test_renamed_touched_file_stops_with_candidates_then_follows(proj: Proj, tmp
     [change] = [c for c in as_json(res)["changes"] if c["id"] == CID]
     assert change["renamed"] == {CONNECTOR: RENAMED}
     assert overlay_toml(proj)["change"][0]["files"] == [RENAMED, ADDED_TEST]
-    assert (proj.overlay / (RENAMED + ".patch")).is_file()
-    assert not (proj.overlay / (CONNECTOR + ".patch")).exists()
+    assert (proj.change_file(RENAMED + ".patch")).is_file()
+    assert not (proj.change_file(CONNECTOR + ".patch")).exists()
     assert set(lock_data(proj)["base"]) == {RENAMED, ADDED_TEST}
     assert_consistent(proj, tmp_path)
 

@@ -11,8 +11,9 @@ from vllm_overlay.overlay.project import find_project
 
 HELP = "show the pin, each change and whether the checkout matches the overlay"
 DESCRIPTION = """\
-Print the upstream pin, each change (id, title, files, upstream status, drop-when and
-whether the pinned version already satisfies it), and the checkout's state:
+Print the upstream pin, each change in series order (id, title, files, upstream status,
+drop-when and whether the pinned version already satisfies it; a file an earlier change
+also touches says which), and the checkout's state:
   matches  the checkout is exactly the pin plus the current overlay
   edited   it has uncommitted edits or new commits (run export)
   stale    the overlay changed since it was applied (run apply)
@@ -30,6 +31,22 @@ def run(args: argparse.Namespace) -> int:
     lock, overlay = project.lock(), project.overlay()
     dest = checkout_of(args, project)
     u = lock.upstream
+    first: dict[str, str] = {}  # path -> the first change that touches it
+    for c in overlay.changes:
+        for f in c.files:
+            first.setdefault(f, c.id)
+
+    def file_entry(c, f: str) -> dict:
+        base = lock.base.get(f, "?")
+        added = base == "absent" and first[f] == c.id
+        after = [o.id for o in overlay.owners(f)]
+        return {
+            "path": f,
+            "base": base,
+            "kind": "added" if added else "patched",
+            "after": after[: after.index(c.id)],  # earlier changes of the same file
+        }
+
     data = {
         "upstream": u.as_dict(),
         "artifacts": [a.__dict__ for a in lock.artifacts],
@@ -41,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
                 "upstream_status": c.upstream_status,
                 "drop_when": c.drop_when,
                 "drop_now": c.dropped_by(u.name, u.version),
-                "files": [{"path": f, "base": lock.base.get(f, "?")} for f in c.files],
+                "files": [file_entry(c, f) for f in c.files],
                 "tests": list(c.tests),
             }
             for c in overlay.changes
@@ -54,15 +71,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"upstream: {u.name} {u.version} ({u.tag}, commit {u.commit})")
     for a in lock.artifacts:
         print(f"  {a.kind:5} {a.filename}  sha256 {a.sha256[:16]}…  {a.size} bytes")
-    print(f"changes: {len(overlay.changes)}")
-    for c in data["changes"]:
-        print(f"  {c['id']}: {c['title']}")
+    print(f"changes: {len(overlay.changes)} (applied in this order)")
+    for n, c in enumerate(data["changes"], 1):
+        print(f"  {n}. {c['id']}: {c['title']}")
         print(f"    origin {c['origin']}; upstream: {c['upstream_status']}")
         drop = " (holds now: this change should be dropped)" if c["drop_now"] else ""
         print(f"    drop when {c['drop_when']}{drop}")
         for f in c["files"]:
-            kind = "added" if f["base"] == "absent" else "patched"
-            print(f"    {kind:7} {f['path']}")
+            after = f" (on top of {', '.join(f['after'])})" if f["after"] else ""
+            print(f"    {f['kind']:7} {f['path']}{after}")
     co = data["checkout"]
     print(f"checkout {co['path']}: {co['state']}")
     return 0

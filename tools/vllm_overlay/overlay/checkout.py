@@ -19,29 +19,21 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_overlay.errors import (
-    BaseMismatchError,
-    CheckoutError,
-    LockFileError,
-    OverlayConfigError,
-    OverlayError,
-)
+from vllm_overlay.errors import CheckoutError, OverlayError
 from vllm_overlay.gitrepo import config_set, git, rev_parse, show_bytes, status_porcelain
-from vllm_overlay.pin.lockfile import ABSENT, Lock, base_hash
 from vllm_overlay.overlay.model import Change, Overlay, overlay_digest, safe_join
-from vllm_overlay.overlay.patches import apply_patch, parse_patch
+from vllm_overlay.overlay.series import (  # check_consistency: re-exported for rebase
+    PlannedChange,
+    check_consistency,  # noqa: F401
+    plan_series,
+)
+from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import BASE_REF, upstream_repo
 from vllm_overlay.util import cache_dir, exclusive_lock
 
 BRANCH = "overlay"
 APPLIED_REF = "refs/vllm-overlay/applied"
 TRAILER = "Overlay-Change"
-
-
-@dataclass(frozen=True)
-class PlannedChange:
-    change: Change
-    files: dict[str, bytes]  # path -> new content
 
 
 @dataclass
@@ -54,68 +46,15 @@ class ApplyResult:
     created: bool = False
 
 
-def check_consistency(lock: Lock, overlay: Overlay) -> None:
-    """Every overlay file has a [base] entry, every [base] entry belongs to a change."""
-    files = overlay.all_files()
-    missing = [f for f in files if f not in lock.base]
-    extra = [f for f in lock.base if f not in files]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"lacks [base] entries for {missing}")
-        if extra:
-            parts.append(f"has [base] entries for files no change touches: {extra}")
-        raise LockFileError(
-            f"upstream.lock {' and '.join(parts)}. Record the overlay's files with "
-            "`vllm-overlay lock --version " + lock.upstream.version + "` (it keeps the pin and "
-            "rewrites [base])."
-        )
-
-
 def plan(lock: Lock, overlay: Overlay, repo: Path, base: str) -> list[PlannedChange]:
-    """Check base hashes and compute every changed file; raises before anything is written."""
-    check_consistency(lock, overlay)
-    planned = []
-    for change in overlay.changes:
-        out: dict[str, bytes] = {}
-        for path in change.files:
-            original = show_bytes(repo, base, path)
-            got = base_hash(original)
-            want = lock.base[path]
-            if got != want:
-                found = "absent" if original is None else got
-                raise BaseMismatchError(
-                    f"upstream file {path} differs from upstream.lock: expected {want}, found "
-                    f"{found} in the {lock.upstream.name} {lock.upstream.version} tree. The "
-                    "overlay was written against other code; nothing was applied. Check the pin "
-                    "(`vllm-overlay lock --check`) or rebase the overlay."
-                )
-            where = f"change {change.id!r}, file {path}"
-            if want == ABSENT:
-                src = overlay.whole_file(path)
-                if not src.is_file():
-                    raise OverlayConfigError(
-                        f"{where}: the file is new (absent upstream), so overlay/{path} must hold "
-                        "it whole, but it does not exist. Run `vllm-overlay export`."
-                    )
-                out[path] = src.read_bytes()
-            else:
-                pfile = overlay.patch_file(path)
-                if not pfile.is_file():
-                    raise OverlayConfigError(
-                        f"{where}: overlay/{path}.patch does not exist. Run `vllm-overlay export`."
-                    )
-                fp = parse_patch(pfile.read_text(), f"overlay/{path}.patch")
-                for side in (fp.old_path, fp.new_path):
-                    if side is not None and side != path:
-                        raise OverlayConfigError(
-                            f"{where}: overlay/{path}.patch patches {side!r}, not {path!r}."
-                        )
-                if not fp.hunks:
-                    raise OverlayConfigError(f"{where}: overlay/{path}.patch has no hunks.")
-                out[path] = apply_patch(original, fp, where)
-        planned.append(PlannedChange(change, out))
-    return planned
+    """Check base hashes and compute every change's files in order (the series, see
+    overlay/series.py); raises before anything is written."""
+    return plan_series(lock, overlay, lambda path: show_bytes(repo, base, path))
+
+
+def commit_message(change: Change) -> str:
+    """The message of a change's commit in the checkout; the trailer names the change."""
+    return f"{change.id}: {change.title}\n\n{change.origin}\n\n{TRAILER}: {change.id}\n"
 
 
 def _lock_for(dest: Path):
@@ -133,8 +72,7 @@ def _commit_change(dest: Path, pc: PlannedChange) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     git("add", "-f", "--", *pc.files, cwd=dest)
-    msg = f"{pc.change.id}: {pc.change.title}\n\n{pc.change.origin}\n\n{TRAILER}: {pc.change.id}\n"
-    git("commit", "-q", "--no-verify", "-m", msg, cwd=dest)
+    git("commit", "-q", "--no-verify", "-m", commit_message(pc.change), cwd=dest)
     return rev_parse(dest, "HEAD") or ""
 
 

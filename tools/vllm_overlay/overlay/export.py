@@ -1,8 +1,10 @@
 """Write overlay/ back from a checkout, deterministically (same tree, same bytes).
 
-For each file a change lists: a file absent upstream is copied whole; an upstream file
-becomes ``overlay/<path>.patch``, the ``git diff`` of the base against the work tree with
-pinned diff options and without the ``index`` line (no dates, no tool versions, no blob ids).
+Export walks the checkout's commits, one segment per change (overlay/walk.py). For each file
+a change lists: a file absent before the change is copied whole to
+``overlay/<change-id>/<path>``; any other becomes ``overlay/<change-id>/<path>.patch``, the
+``git diff`` from the tree before the change to the tree after it, with pinned diff options
+and without the ``index`` line (no dates, no tool versions, no blob ids).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_overlay.errors import CheckoutError, OverlayError
-from vllm_overlay.gitrepo import git, ls_files_z, rev_parse
-from vllm_overlay.pin.lockfile import ABSENT, Lock
-from vllm_overlay.overlay.model import CONFIG_NAME, PATCH_SUFFIX, Overlay, overlay_files, safe_join
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.gitrepo import git, ls_files_z, show_bytes
+from vllm_overlay.overlay.model import CONFIG_NAME, Overlay, overlay_files, safe_join
 from vllm_overlay.overlay.patches import canonical_diff
+from vllm_overlay.overlay.series import change_rel
+from vllm_overlay.overlay.walk import Segment, walk_series
+from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import BASE_REF
 from vllm_overlay.util import atomic_write_bytes
 
@@ -43,57 +47,77 @@ class ExportResult:
         return bool(self.written or self.removed)
 
 
-def file_diff(checkout: Path, base: str, path: str) -> str:
-    """The canonical patch of ``path``: base commit vs the work tree."""
-    out = git("diff", *DIFF_OPTS, base, "--", path, cwd=checkout)
+def file_diff(checkout: Path, before: str, path: str, after: str | None = None) -> str:
+    """The canonical patch of ``path`` from ``before`` to ``after`` (None: the work tree)."""
+    revs = (before,) if after is None else (before, after)
+    out = git("diff", *DIFF_OPTS, *revs, "--", path, cwd=checkout)
     return canonical_diff(out.stdout)
 
 
-def changed_paths(checkout: Path, base: str) -> set[str]:
-    """Paths that differ from base in the work tree, untracked (not ignored) files included."""
-    out = git("diff", "--name-only", "-z", "--no-renames", base, cwd=checkout)
+def changed_paths(checkout: Path, before: str, after: str | None = None) -> set[str]:
+    """Paths that differ between two commits, or from ``before`` to the work tree (untracked,
+    not ignored files included)."""
+    revs = (before,) if after is None else (before, after)
+    out = git("diff", "--name-only", "-z", "--no-renames", *revs, cwd=checkout)
     paths = {p for p in out.stdout.split("\0") if p}
-    paths.update(ls_files_z(checkout, "--others", "--exclude-standard"))
+    if after is None:
+        paths.update(ls_files_z(checkout, "--others", "--exclude-standard"))
     return paths
 
 
 def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path) -> dict[str, bytes]:
-    """overlay-relative path -> bytes, as export would write them."""
-    base = rev_parse(checkout, BASE_REF)
-    if base is None:
-        raise CheckoutError(
-            f"{checkout} is not a vllm-overlay checkout (no {BASE_REF}). Create one with "
-            "`vllm-overlay apply --checkout DIR` or `vllm-overlay edit`."
-        )
-    owned = set(overlay.all_files())
-    stray = sorted(changed_paths(checkout, base) - owned)
+    """overlay-relative path -> bytes, as export would write them: each change's segment of
+    the checkout's history (see overlay/walk.py) against the tree before it."""
+    _base, segments = walk_series(checkout, overlay)
+    out: dict[str, bytes] = {}
+    for seg in segments:
+        out.update(_segment_files(checkout, seg))
+    return out
+
+
+def _segment_files(checkout: Path, seg: Segment) -> dict[str, bytes]:
+    change = seg.change
+    where = "uncommitted work and commits on top" if seg.top else f"commit(s) of {change.id!r}"
+    stray = sorted(changed_paths(checkout, seg.before, seg.after) - set(change.files))
     if stray:
         listed = "\n".join("    " + p for p in stray[:30])
+        hint = (
+            "Uncommitted edits and commits on top belong to the last change in overlay.toml; "
+            "put an edit of another change into that change's commit (`git commit "
+            f"--fixup=COMMIT`, then `git rebase -i --autosquash {BASE_REF}`), "
+            if seg.top
+            else "Move the edit into the commit of the change it belongs to "
+            f"(`git rebase -i {BASE_REF}`), "
+        )
         raise OverlayError(
-            f"{checkout} changes files that belong to no change in overlay/{CONFIG_NAME}:\n"
-            f"{listed}\nAdd each to the `files` of the change it belongs to (or a new "
-            "[[change]]), or revert it in the checkout; nothing was exported."
+            f"change {change.id!r} ({where} in {checkout}) changes files it does not list in "
+            f"overlay/{CONFIG_NAME}:\n{listed}\n{hint}add them to the change's `files`, or "
+            "revert them; nothing was exported."
         )
     out: dict[str, bytes] = {}
-    for change in overlay.changes:
-        for path in change.files:
-            target = safe_join(checkout, path)
-            if lock.base.get(path) == ABSENT:
-                if not target.is_file():
-                    raise OverlayError(
-                        f"change {change.id!r}: {path} is missing from {checkout}. Restore it, "
-                        f"or remove it from the change's files in overlay/{CONFIG_NAME}."
-                    )
-                out[path] = target.read_bytes()
+    for path in change.files:
+        if show_bytes(checkout, seg.before, path) is None:  # absent before: stored whole
+            if seg.top:
+                target = safe_join(checkout, path)
+                data = target.read_bytes() if target.is_file() else None
             else:
-                diff = file_diff(checkout, base, path)
-                if not diff.strip():
-                    raise OverlayError(
-                        f"change {change.id!r}: {path} no longer differs from upstream in "
-                        f"{checkout}. Remove it from the change's files in overlay/{CONFIG_NAME} "
-                        "(and from upstream.lock with `vllm-overlay lock`), or redo the edit."
-                    )
-                out[path + PATCH_SUFFIX] = diff.encode()
+                data = show_bytes(checkout, seg.after or "", path)
+            if data is None:
+                raise OverlayError(
+                    f"change {change.id!r}: {path} is missing from {checkout} ({where}). "
+                    f"Restore it, or remove it from the change's files in overlay/{CONFIG_NAME}."
+                )
+            out[change_rel(change.id, path, added=True)] = data
+            continue
+        diff = file_diff(checkout, seg.before, path, seg.after)
+        if not diff.strip():
+            raise OverlayError(
+                f"change {change.id!r} ({where}) does not change {path} in {checkout}. Remove "
+                f"it from the change's files in overlay/{CONFIG_NAME} (and from upstream.lock "
+                "with `vllm-overlay lock --refresh-base` when no change touches it), or redo "
+                "the edit."
+            )
+        out[change_rel(change.id, path, added=False)] = diff.encode()
     return out
 
 

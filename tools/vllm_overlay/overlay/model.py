@@ -17,7 +17,7 @@ CONFIG_NAME = "overlay.toml"
 PATCH_SUFFIX = ".patch"
 _ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _REQUIRED = ("id", "title", "why", "origin", "upstream_status", "drop_when", "files", "tests")
-_OPTIONAL = ("origin_kind", "bugs", "supersedes", "notes")
+_OPTIONAL = ("origin_kind", "bugs", "supersedes", "authors", "notes")
 _HISTORY_KEYS = ("id", "title", "origin", "dropped_in", "reason", "proof")
 
 
@@ -34,6 +34,7 @@ class Change:
     origin_kind: str = "backport"
     bugs: tuple[str, ...] = ()
     supersedes: tuple[str, ...] = ()
+    authors: tuple[str, ...] = ()  # upstream authors of a backport ("Name <email>")
     notes: str = ""
 
     def drop_specifier(self) -> tuple[str, SpecifierSet]:
@@ -60,19 +61,25 @@ class Overlay:
         raise OverlayConfigError(f"no change with id {change_id!r} in {self.dir / CONFIG_NAME}")
 
     def all_files(self) -> list[str]:
-        return [p for c in self.changes for p in c.files]
+        """Every path the series touches, once each, in first-touch order."""
+        return list(dict.fromkeys(p for c in self.changes for p in c.files))
 
-    def patch_file(self, path: str) -> Path:
-        return safe_join(self.dir, path + PATCH_SUFFIX)
+    def change_dir(self, change_id: str) -> Path:
+        """``overlay/<change-id>/``: the change's files, at vLLM's paths below it."""
+        return safe_join(self.dir, change_id)
 
-    def whole_file(self, path: str) -> Path:
-        return safe_join(self.dir, path)
+    def patch_file(self, change_id: str, path: str) -> Path:
+        """``overlay/<change-id>/<path>.patch``: the change's patch of a file that exists
+        before it (upstream's, or one an earlier change added)."""
+        return safe_join(self.dir, f"{change_id}/{path}{PATCH_SUFFIX}")
 
-    def owner(self, path: str) -> Change | None:
-        for c in self.changes:
-            if path in c.files:
-                return c
-        return None
+    def whole_file(self, change_id: str, path: str) -> Path:
+        """``overlay/<change-id>/<path>``: a file the change adds (absent before it), whole."""
+        return safe_join(self.dir, f"{change_id}/{path}")
+
+    def owners(self, path: str) -> list[Change]:
+        """The changes that touch ``path``, in series order."""
+        return [c for c in self.changes if path in c.files]
 
 
 def parse_drop_when(text: str, where: str) -> tuple[str, SpecifierSet]:
@@ -151,7 +158,6 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
         raise OverlayConfigError(f"{src}: `change` must be an array of tables ([[change]]).")
     changes: list[Change] = []
     seen_ids: set[str] = set()
-    owner: dict[str, str] = {}
     for i, tbl in enumerate(raw):
         where = f"{src}: [[change]] #{i + 1}"
         if "id" in tbl and isinstance(tbl["id"], str):
@@ -188,13 +194,9 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
             )
         for f in files:
             check_relpath(f, f"{where}: `files`")
-            if f in owner:
-                raise OverlayConfigError(
-                    f"{where}: `files` lists {f!r}, which change {owner[f]!r} already owns. "
-                    "Each upstream file belongs to one change: merge the two changes, or move "
-                    "the edit into the change that owns the file."
-                )
-            owner[f] = cid
+        twice = sorted({f for f in files if files.count(f) > 1})
+        if twice:
+            raise OverlayConfigError(f"{where}: `files` lists {twice} more than once.")
         tests = _str_list(tbl["tests"], f"{where}: `tests`")
         for t in tests:
             check_relpath(t.split("::")[0], f"{where}: `tests`")
@@ -214,6 +216,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 origin_kind=kind,
                 bugs=_str_list(tbl.get("bugs", []), f"{where}: `bugs`"),
                 supersedes=_str_list(tbl.get("supersedes", []), f"{where}: `supersedes`"),
+                authors=_str_list(tbl.get("authors", []), f"{where}: `authors`"),
                 notes=tbl.get("notes", ""),
             )
         )

@@ -2,8 +2,8 @@
 
 ``<dist-info>/vllm_overlay.json`` is deterministic JSON (sorted keys, two-space indent, one
 trailing newline). It names the upstream release and commit, the official wheel the build
-started from (its sha256), every change with the sha256 of its overlay file and of the file
-it produced, the strategy, the version ``vllm.__version__`` reports, and the version of this
+started from (its sha256), every change of the series in order, each with its files (the
+overlay file, its sha256, and the sha256 of the file after that change), the strategy, the version ``vllm.__version__`` reports, and the version of this
 tool. ``build_key`` is the sha256 of everything else in the record: two builds with the same
 key had the same inputs, which is how a second build knows it has nothing to do.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 from vllm_overlay import __version__
 from vllm_overlay.errors import BuildError
-from vllm_overlay.overlay.checkout import PlannedChange
-from vllm_overlay.overlay.model import Overlay
+from vllm_overlay.overlay.model import Overlay, safe_join
+from vllm_overlay.overlay.series import PlannedChange
 from vllm_overlay.pin.lockfile import ABSENT, Artifact, Lock
 from vllm_overlay.util import sha256_bytes, sha256_file
 
@@ -30,41 +30,64 @@ STRATEGIES = ("repack", "precompiled", "source")
 
 
 @dataclass(frozen=True)
-class ChangedFile:
-    """One file an overlay change writes, and whether (where) the wheel carries it."""
+class ChangeStep:
+    """What one change of the series does to one file."""
 
     change_id: str
+    kind: str  # "patch" | "added": what the change stores (a patch, or the whole file)
+    overlay_file: str  # overlay-relative, e.g. "<change-id>/<path>.patch"
+    overlay_sha256: str
+    result_sha256: str  # of the file after this change
+
+
+@dataclass(frozen=True)
+class ChangedFile:
+    """One file the overlay writes (after the whole series), and whether the wheel carries it."""
+
+    change_id: str  # the last change that touches it
     path: str
-    kind: str  # "patch" | "added"
-    overlay_sha256: str  # of overlay/<path>.patch, or of the added file
+    kind: str  # "patch" (upstream has the file) | "added" (upstream lacks it)
+    overlay_sha256: str  # of the last change's overlay file
     result_sha256: str  # of the file in the patched tree
     content: bytes
     in_wheel: bool
+    steps: tuple[ChangeStep, ...] = ()  # every change that touches it, in series order
 
 
 def changed_files(
     lock: Lock, overlay: Overlay, planned: Sequence[PlannedChange], package: str
 ) -> list[ChangedFile]:
-    """Every file the overlay writes, in overlay order; ``in_wheel`` for paths under
-    ``package/`` (the importable package the wheel ships; tests/, docs/ and the like are not
-    wheel content)."""
-    out = []
+    """Every file the overlay writes, once, in first-touch order, with its final content and
+    the steps of each change that touches it; ``in_wheel`` for paths under ``package/`` (the
+    importable package the wheel ships; tests/, docs/ and the like are not wheel content)."""
+    steps: dict[str, list[ChangeStep]] = {}
+    final: dict[str, bytes] = {}
     for pc in planned:
         for path, content in pc.files.items():
-            added = lock.base.get(path) == ABSENT
-            src = overlay.whole_file(path) if added else overlay.patch_file(path)
-            out.append(
-                ChangedFile(
+            rel = pc.overlay_path(path)
+            steps.setdefault(path, []).append(
+                ChangeStep(
                     change_id=pc.change.id,
-                    path=path,
-                    kind="added" if added else "patch",
-                    overlay_sha256=sha256_file(src),
+                    kind="added" if path in pc.added else "patch",
+                    overlay_file=rel,
+                    overlay_sha256=sha256_file(safe_join(overlay.dir, rel)),
                     result_sha256=sha256_bytes(content),
-                    content=content,
-                    in_wheel=path.startswith(package + "/"),
                 )
             )
-    return out
+            final[path] = content
+    return [
+        ChangedFile(
+            change_id=st[-1].change_id,
+            path=path,
+            kind="added" if lock.base.get(path) == ABSENT else "patch",
+            overlay_sha256=st[-1].overlay_sha256,
+            result_sha256=sha256_bytes(final[path]),
+            content=final[path],
+            in_wheel=path.startswith(package + "/"),
+            steps=tuple(st),
+        )
+        for path, st in steps.items()
+    ]
 
 
 def provenance(
@@ -85,9 +108,10 @@ def provenance(
     u = lock.upstream
     sdists = [a for a in lock.artifacts if a.kind == "sdist"]
     sdist = {"filename": sdists[0].filename, "sha256": sdists[0].sha256} if sdists else None
-    by_change: dict[str, list[ChangedFile]] = {}
+    by_change: dict[str, list[tuple[ChangedFile, ChangeStep]]] = {}
     for f in files:
-        by_change.setdefault(f.change_id, []).append(f)
+        for st in f.steps:
+            by_change.setdefault(st.change_id, []).append((f, st))
     doc: dict[str, Any] = {
         "format": FORMAT,
         "tool": {"name": "vllm-overlay", "version": __version__},
@@ -115,12 +139,13 @@ def provenance(
                 "files": [
                     {
                         "path": f.path,
-                        "kind": f.kind,
-                        "overlay_sha256": f.overlay_sha256,
-                        "result_sha256": f.result_sha256,
+                        "kind": st.kind,
+                        "overlay_file": st.overlay_file,
+                        "overlay_sha256": st.overlay_sha256,
+                        "result_sha256": st.result_sha256,
                         "in_wheel": f.in_wheel,
                     }
-                    for f in by_change.get(c.id, [])
+                    for f, st in by_change.get(c.id, [])
                 ],
             }
             for c in overlay.changes
