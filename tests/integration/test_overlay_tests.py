@@ -9,15 +9,16 @@ fail without the fix. Both runs print a one-screen summary.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from vllm_overlay.overlay.checkout import apply_overlay
+from vllm_overlay.overlay.checkout import apply_overlay, plan
 from vllm_overlay.overlay.model import load_overlay
-from vllm_overlay.pin.lockfile import read_lock
+from vllm_overlay.overlay.series import final_tree
+from vllm_overlay.pin.lockfile import ABSENT, read_lock
+from vllm_overlay.pin.trees import upstream_repo
 from vllm_overlay.testing.testenv import ensure_testenv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,15 +40,16 @@ def patched_tree(tmp_path) -> Path:
 
 @pytest.fixture
 def pristine_tree(tmp_path) -> Path:
-    """Pristine vLLM at the pin, plus the test files the overlay adds (and nothing else)."""
-    overlay = load_overlay(ROOT / "overlay")
-    tree = apply_overlay(read_lock(ROOT / "upstream.lock"), None, tmp_path / "pristine").checkout
+    """Pristine vLLM at the pin, plus the test files the overlay adds as the whole series
+    leaves them (and nothing else)."""
+    lock, overlay = read_lock(ROOT / "upstream.lock"), load_overlay(ROOT / "overlay")
+    tree = apply_overlay(lock, None, tmp_path / "pristine").checkout
+    final = final_tree(plan(lock, overlay, *upstream_repo(lock)))
     for path in {t.split("::")[0] for t in overlay_tests()}:
-        added = overlay.whole_file(path)
-        if added.is_file():
+        if lock.base.get(path) == ABSENT:
             dest = tree / path
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(added, dest)
+            dest.write_bytes(final[path])
     return tree
 
 
