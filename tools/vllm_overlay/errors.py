@@ -111,3 +111,7 @@ class SuiteError(OverlayError):
 
 class RebaseError(OverlayError):
     """A rebase stopped: conflict, collision, or an upstream fix that does not hold."""
+
+
+class ChangeImportError(OverlayError):
+    """An upstream change could not be imported: bad patch, unreachable host, or a stop."""

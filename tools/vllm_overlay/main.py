@@ -24,6 +24,7 @@ COMMANDS = (
     "apply",
     "edit",
     "export",
+    "import",
     "status",
     "build",
     "verify",
@@ -33,6 +34,8 @@ COMMANDS = (
     "publish",
     "rebase",
 )
+
+MODULES = {"import": "import_"}  # verbs whose module name is a Python keyword
 
 EPILOG = """\
 The pipeline: lock -> fetch -> apply -> build -> verify -> suite -> publish; rebase moves the
@@ -58,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        mod = importlib.import_module(f"vllm_overlay.commands.{name}")
+        mod = importlib.import_module(f"vllm_overlay.commands.{MODULES.get(name, name)}")
         p = sub.add_parser(
             name,
             help=mod.HELP,

@@ -12,6 +12,7 @@ from vllm_overlay.commands._options import (
     refuse_during_rebase,
 )
 from vllm_overlay.overlay.checkout import apply_overlay
+from vllm_overlay.overlay.importing import refuse_during_import
 from vllm_overlay.overlay.project import find_project
 
 HELP = "make a checkout: pinned upstream + the overlay, strictly (no fuzz, no offsets)"
@@ -41,6 +42,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     project = find_project()
     refuse_during_rebase(project, "apply")
+    refuse_during_import(project, "apply")
     lock = project.lock()
     overlay = None if args.pristine else project.overlay()
     dest = checkout_of(args, project)

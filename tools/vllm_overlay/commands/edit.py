@@ -12,6 +12,7 @@ from vllm_overlay.commands._options import (
     refuse_during_rebase,
 )
 from vllm_overlay.overlay.checkout import apply_overlay, checkout_state
+from vllm_overlay.overlay.importing import refuse_during_import
 from vllm_overlay.overlay.project import find_project
 
 HELP = "open the patched checkout for editing (then run export)"
@@ -35,6 +36,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     project = find_project()
     refuse_during_rebase(project, "edit")
+    refuse_during_import(project, "edit")
     overlay = project.overlay()
     dest = checkout_of(args, project)
     lock = project.lock()

@@ -15,6 +15,7 @@ from vllm_overlay.gitrepo import show_bytes
 from vllm_overlay.overlay import history
 from vllm_overlay.overlay.checkout import apply_overlay, is_checkout
 from vllm_overlay.overlay.export import export_overlay
+from vllm_overlay.overlay.importing import refuse_during_import
 from vllm_overlay.overlay.model import CONFIG_NAME
 from vllm_overlay.overlay.project import Project, find_project
 from vllm_overlay.overlay.series import migrate, plan_migration, refuse_legacy
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return _migrate(project, args.index_url)
     if not args.check:
         refuse_during_rebase(project, "export")
+    refuse_during_import(project, "export")
     lock, overlay = project.lock(), project.overlay()
     refuse_legacy(overlay)
     dest = checkout_of(args, project)

@@ -96,3 +96,37 @@ def rewrite(
         else:
             doc.add("revision", int(revision) + 1)
     return tomlkit.dumps(doc).rstrip("\n") + "\n"
+
+
+CHANGE_KEYS = (
+    "id", "title", "why", "origin", "origin_kind", "bugs", "authors", "upstream_status",
+    "drop_when", "files", "tests", "notes",
+)  # fmt: skip
+
+
+def add_change(text: str, fields: Mapping[str, object], *, bump_revision: bool = True) -> str:
+    """``text`` (overlay.toml) with a [[change]] appended last (the series order) and, by
+    default, the revision bumped; comments and formatting of the rest are kept."""
+    doc = tomlkit.parse(text)
+    tbl = tomlkit.table()
+    for key in CHANGE_KEYS:
+        if key not in fields or fields[key] in ((), [], None, ""):
+            if key in ("files", "tests"):
+                tbl[key] = _array_like(None, [])
+            continue
+        val = fields[key]
+        if isinstance(val, list | tuple):
+            arr = _array_like(None, [str(v) for v in val])
+            arr.multiline(len(val) > 1)
+            tbl[key] = arr
+        elif key == "why" and "\n" in str(val):
+            tbl[key] = tomlkit.string(str(val).strip("\n") + "\n", multiline=True)
+        else:
+            tbl[key] = str(val)
+    _changes(doc)  # `change` must be an array of tables
+    aot = tomlkit.aot()
+    aot.append(tbl)
+    new = tomlkit.document()
+    new.append("change", aot)
+    out = text.rstrip("\n") + "\n\n" + tomlkit.dumps(new).strip("\n") + "\n"
+    return rewrite(out, bump_revision=True) if bump_revision else out

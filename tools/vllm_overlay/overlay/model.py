@@ -15,7 +15,7 @@ from vllm_overlay.errors import OverlayConfigError, UnsafePathError
 
 CONFIG_NAME = "overlay.toml"
 PATCH_SUFFIX = ".patch"
-_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _REQUIRED = ("id", "title", "why", "origin", "upstream_status", "drop_when", "files", "tests")
 _OPTIONAL = ("origin_kind", "bugs", "supersedes", "authors", "notes")
 _HISTORY_KEYS = ("id", "title", "origin", "dropped_in", "reason", "proof")
@@ -175,7 +175,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
             if not isinstance(tbl[k], str) or not tbl[k].strip():
                 raise OverlayConfigError(f"{where}: `{k}` must be a non-empty string.")
         cid = tbl["id"]
-        if not _ID_RE.match(cid):
+        if not ID_RE.match(cid):
             raise OverlayConfigError(
                 f"{where}: `id` must be kebab-case (lowercase letters, digits, '-'), got {cid!r}."
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from vllm_overlay.errors import LockFileError
 from vllm_overlay.gitrepo import git, show_bytes
@@ -48,21 +49,11 @@ class LockPlan:
         return self.lock.upstream.commit != UNRESOLVED
 
 
-def compute_lock(
-    paths: Sequence[str],
-    *,
-    version: str,
-    name: str = "vllm",
-    commit: str | None = None,
-    git_url: str = DEFAULT_GIT,
-    index_url: str | None = None,
-    unresolved_ok: bool = False,
-) -> LockPlan:
-    """Pin ``name==version``: artifacts from the index, commit, and base hashes of the tree.
-
-    With ``unresolved_ok``, a tag that cannot be resolved (and no ``commit``) gives a plan
-    whose commit is ``UNRESOLVED`` (never to be written) instead of an error.
-    """
+def release_tree(
+    name: str, version: str, *, git_url: str = DEFAULT_GIT, index_url: str | None = None
+) -> tuple[Lock, Path, str]:
+    """(provisional lock, bare repo, commit) of release ``name==version`` made from its sdist
+    on the index (cached like the pinned tree; the lock's commit is not resolved)."""
     urls = configured_index_urls(index_url)
     _, files = find_release_files(name, version, urls)
     arts = []
@@ -80,12 +71,33 @@ def compute_lock(
             f"{name} {version} has no sdist on the index; the pinned tree is made from it."
         )
     tag = f"v{version}"
-    notes: list[str] = []
     provisional = Lock(
         upstream=Upstream(name=name, version=version, git=git_url, tag=tag, commit="0" * 40),
         artifacts=tuple(arts),
     )
     repo, base = sdist_repo(provisional, index_url=index_url)
+    return provisional, repo, base
+
+
+def compute_lock(
+    paths: Sequence[str],
+    *,
+    version: str,
+    name: str = "vllm",
+    commit: str | None = None,
+    git_url: str = DEFAULT_GIT,
+    index_url: str | None = None,
+    unresolved_ok: bool = False,
+) -> LockPlan:
+    """Pin ``name==version``: artifacts from the index, commit, and base hashes of the tree.
+
+    With ``unresolved_ok``, a tag that cannot be resolved (and no ``commit``) gives a plan
+    whose commit is ``UNRESOLVED`` (never to be written) instead of an error.
+    """
+    provisional, repo, base = release_tree(name, version, git_url=git_url, index_url=index_url)
+    arts = list(provisional.artifacts)
+    tag = provisional.upstream.tag
+    notes: list[str] = []
     abbrev = sdist_commit_abbrev(repo, base, name)
     if commit is None:
         commit = resolve_commit(git_url, tag)
