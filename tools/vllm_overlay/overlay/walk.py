@@ -52,29 +52,33 @@ class _Commit:
 
 
 def _commits(checkout: Path, base: str) -> list[_Commit]:
-    if git("merge-base", "--is-ancestor", base, "HEAD", cwd=checkout, check=False).returncode:
+    """The commits from ``base`` (excluded) up to HEAD, oldest first.
+
+    Walked down from HEAD one commit at a time, never below ``base``: a checkout made from a
+    shallow source has no parents of the base to traverse."""
+    fmt = f"%H%x1f%P%x1f%s%x1f%(trailers:key={TRAILER},valueonly,separator=%x1f)"
+    out: list[_Commit] = []
+    rev = rev_parse(checkout, "HEAD")
+    while rev is not None and rev != base:
+        rec = git("log", "-1", f"--format={fmt}", rev, cwd=checkout).stdout.rstrip("\n")
+        cid, parents, subject, *trailers = rec.split("\x1f")
+        if len(parents.split()) > 1:
+            raise CheckoutError(
+                f"{checkout} has a merge commit above the base ({cid[:12]}); the series is a "
+                f"straight line of one commit per change. Rebase it away (`git rebase -i "
+                f"{BASE_REF}`), then export."
+            )
+        out.append(_Commit(cid, subject, tuple(t.strip() for t in trailers if t.strip())))
+        rev = parents.split()[0] if parents.split() else None
+        if len(out) > 10000:
+            rev = None
+    if rev is None:
         raise CheckoutError(
             f"HEAD of {checkout} is not on top of {BASE_REF} (the pinned upstream); export "
             "reads the changes as the commits above it. Check out branch `overlay` again, or "
             "make the checkout afresh with `vllm-overlay apply --force`."
         )
-    merges = git("rev-list", "--min-parents=2", f"{base}..HEAD", cwd=checkout).stdout.split()
-    if merges:
-        raise CheckoutError(
-            f"{checkout} has merge commits above the base ({', '.join(m[:12] for m in merges)}); "
-            "the series is a straight line of one commit per change. Rebase them away "
-            f"(`git rebase -i {BASE_REF}`), then export."
-        )
-    fmt = f"%H%x1f%s%x1f%(trailers:key={TRAILER},valueonly,separator=%x1f)%x1e"
-    out = git("log", "--reverse", f"--format={fmt}", f"{base}..HEAD", cwd=checkout).stdout
-    commits = []
-    for rec in out.split("\x1e"):
-        rec = rec.strip("\n")
-        if not rec:
-            continue
-        cid, subject, *trailers = rec.split("\x1f")
-        commits.append(_Commit(cid, subject, tuple(t.strip() for t in trailers if t.strip())))
-    return commits
+    return out[::-1]
 
 
 def walk_series(checkout: Path, overlay: Overlay) -> tuple[str, list[Segment]]:
