@@ -241,3 +241,32 @@ def test_migrate_converts_the_old_layout_with_the_same_applied_tree(project, cli
     assert git_out(fresh, "rev-parse", "HEAD") == head  # same trees, same commits
     res = cli("export", "--migrate", "--index-url", project.index.url, cwd=project.root)
     assert res.rc == 1 and "already in the series layout" in res.err
+
+
+def test_wheel_provenance_lists_each_change_of_a_file(project, cli, series, tmp_path):
+    """The repacked wheel carries the file as the whole series leaves it (verify checks it),
+    and its provenance lists both changes, each with its own overlay file and result."""
+    import hashlib
+    import zipfile
+
+    from fixtures_build import build_args
+    from vllm_overlay.wheel.provenance import PROVENANCE_NAME
+
+    res = cli(*build_args(project, tmp_path / "dist"), cwd=project.root)
+    assert res.rc == 0, res.err
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        want = release_files("1.0.0")[CONNECTOR].replace(*FIXED_CONNECTOR_SNIPPET).replace(*GUARD)
+        assert zf.read(CONNECTOR).decode() == want
+        (prov,) = [n for n in zf.namelist() if n.endswith(PROVENANCE_NAME)]
+        doc = json.loads(zf.read(prov))
+    assert [c["id"] for c in doc["changes"]] == [CID, SECOND]
+    (step,) = [f for f in doc["changes"][1]["files"] if f["path"] == CONNECTOR]
+    patch = project.change_file(CONNECTOR + ".patch", SECOND).read_bytes()
+    assert step["overlay_file"] == f"{SECOND}/{CONNECTOR}.patch"
+    assert step["overlay_sha256"] == hashlib.sha256(patch).hexdigest()
+    assert step["result_sha256"] == hashlib.sha256(want.encode()).hexdigest()
+    first = [f for f in doc["changes"][0]["files"] if f["path"] == CONNECTOR][0]
+    assert first["result_sha256"] != step["result_sha256"]  # the file after the first change
+    res = cli("inspect", wheel, cwd=project.root)
+    assert res.rc == 0 and f"    {SECOND}: Skip padding blocks in slots" in res.out
