@@ -78,19 +78,6 @@ def test_lock_commit_must_match_the_sdist(project, cli):
     assert project.lock.read_bytes() == before
 
 
-def test_lock_without_commit_and_unreachable_remote_says_pass_commit(project, cli):
-    res = cli("lock", "--version", "1.0.0", "--git-url", str(project.root / "nope.git"),
-              "--index-url", project.index.url, cwd=project.root)  # fmt: skip
-    # The existing lock pins 1.0.0 already: its commit is reused, no remote needed.
-    assert res.rc == 0, res.err
-    project.lock.unlink()
-    res = cli("lock", "--version", "1.0.0", "--git-url", str(project.root / "nope.git"),
-              "--index-url", project.index.url, cwd=project.root)  # fmt: skip
-    assert res.rc == 1
-    assert "--commit" in res.err and "records commit" in res.err
-    assert not project.lock.exists()
-
-
 def test_lock_resolves_commit_from_a_reachable_remote(project, cli):
     project.lock.unlink()
     res = cli("lock", "--version", "1.1.0", "--git-url", str(project.upstream.repo),

@@ -58,19 +58,27 @@ def run(args: argparse.Namespace) -> int:
                 + "` after reviewing why."
             )
         print(
-            f"upstream.lock OK: {lock.upstream.name} {lock.upstream.version} at {lock.upstream.commit}"
+            f"upstream.lock OK: {lock.upstream.name} {lock.upstream.version} at "
+            f"{lock.upstream.commit_label}"
         )
+        if not lock.upstream.commit_verified:
+            info(
+                "note: the commit is unverified (the tag could not be resolved when it was "
+                "pinned). Verify it with `vllm-overlay lock --version "
+                f"{lock.upstream.version} --commit SHA` where the git host is reachable."
+            )
         return 0
     if args.refresh_base:
         old = project.lock()
-        version, commit, git_url = old.upstream.version, old.upstream.commit, old.upstream.git
+        version, git_url = old.upstream.version, old.upstream.git
+        commit = old.upstream.commit if old.upstream.commit_verified else None
     else:
         version, commit = args.version, args.commit
         git_url = args.git_url or DEFAULT_GIT
         if project.lock_path.is_file() and commit is None:
             try:
                 old = project.lock()
-                if old.upstream.version == version:
+                if old.upstream.version == version and old.upstream.commit_verified:
                     commit, git_url = old.upstream.commit, args.git_url or old.upstream.git
             except LockFileError:
                 pass

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
-    print(f"upstream: {u.name} {u.version} ({u.tag}, commit {u.commit})")
+    print(f"upstream: {u.name} {u.version} ({u.tag}, commit {u.commit_label})")
     for a in lock.artifacts:
         print(f"  {a.kind:5} {a.filename}  sha256 {a.sha256[:16]}…  {a.size} bytes")
     print(f"changes: {len(overlay.changes)} (applied in this order)")

@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import tomlkit
+
 from vllm_overlay.errors import LockFileError
 from vllm_overlay.util import atomic_write_text, sha256_bytes
 
@@ -21,6 +23,7 @@ HEADER = (
 )
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_ABBREV_RE = re.compile(r"^[0-9a-f]{7,40}$")
 
 
 @dataclass(frozen=True)
@@ -46,15 +49,28 @@ class Upstream:
     git: str
     tag: str
     commit: str
+    # False when the full commit could not be resolved offline: ``commit`` is then the
+    # abbreviation the release sdist records, and the sdist's sha256 is what pins the tree.
+    commit_verified: bool = True
 
-    def as_dict(self) -> dict[str, str]:
-        return {
+    def as_dict(self) -> dict[str, str | bool]:
+        d: dict[str, str | bool] = {
             "name": self.name,
             "version": self.version,
             "tag": self.tag,
             "commit": self.commit,
             "git": self.git,
         }
+        if not self.commit_verified:
+            d["commit_verified"] = False
+        return d
+
+    @property
+    def commit_label(self) -> str:
+        """The commit as people should read it (unverified ones say so)."""
+        if self.commit_verified:
+            return self.commit
+        return f"{self.commit} (abbreviated, unverified: the sdist's sha256 pins the tree)"
 
 
 @dataclass(frozen=True)
@@ -98,39 +114,48 @@ def base_hash(data: bytes | None) -> str:
     return "sha256:" + sha256_bytes(data)
 
 
-def _q(s: str) -> str:
-    """A TOML basic string."""
-    out = s.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{out}"'
-
-
 def render_lock(lock: Lock) -> str:
+    """The lock as TOML (through tomlkit), in a fixed order: a bump changes only its lines."""
     u = lock.upstream
-    lines = [
-        HEADER,
-        "[upstream]",
-        f"name = {_q(u.name)}",
-        f"version = {_q(u.version)}",
-        f"git = {_q(u.git)}",
-        f"tag = {_q(u.tag)}",
-        f"commit = {_q(u.commit)}",
-        "",
-    ]
+    doc = tomlkit.document()
+    for line in HEADER.splitlines():
+        doc.add(tomlkit.comment(line[2:]))
+    doc.add(tomlkit.nl())
+    up = tomlkit.table()
+    for key in ("name", "version", "git", "tag", "commit"):
+        up.add(key, getattr(u, key))
+    if not u.commit_verified:
+        up.add("commit_verified", False)
+    doc.add("upstream", up)
     kinds = {"sdist": 0, "wheel": 1}
+    arts = tomlkit.aot()
     for a in sorted(lock.artifacts, key=lambda a: (kinds.get(a.kind, 9), a.filename)):
-        lines += [
-            "[[artifact]]",
-            f"kind = {_q(a.kind)}",
-            f"filename = {_q(a.filename)}",
-            f"sha256 = {_q(a.sha256)}",
-            f"size = {a.size}",
-            "",
-        ]
-    lines.append('# Upstream files the overlay touches: sha256 of each at the pin, or "absent".')
-    lines.append("[base]")
+        tbl = tomlkit.table()
+        for key in ("kind", "filename", "sha256", "size"):
+            tbl.add(key, getattr(a, key))
+        arts.append(tbl)
+    doc.add("artifact", arts)
+    base = tomlkit.table()
+    base.comment('Upstream files the overlay touches: sha256 of each at the pin, or "absent".')
     for path in sorted(lock.base):
-        lines.append(f"{_q(path)} = {_q(lock.base[path])}")
-    return "\n".join(lines) + "\n"
+        base.add(path, lock.base[path])
+    doc.add("base", base)
+    return _layout(tomlkit.dumps(doc))
+
+
+def _layout(text: str) -> str:
+    """tomlkit's output with the file's fixed spacing: one blank line between tables, the
+    [base] comment on its own line above the table."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("[") and out and out[-1] != "":
+            out.append("")
+        if line.startswith("[base]") and "#" in line:
+            table, comment = line.split("#", 1)
+            out += ["# " + comment.strip(), table.strip()]
+            continue
+        out.append(line)
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
@@ -148,7 +173,7 @@ def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
                 f"{source}: {where} lacks `{key}`. Rewrite it with `vllm-overlay lock`."
             )
         val = table[key]
-        if not isinstance(val, typ) or isinstance(val, bool):
+        if not isinstance(val, typ) or (isinstance(val, bool) and typ is not bool):
             raise LockFileError(
                 f"{source}: {where}.{key} should be a {typ.__name__}, got {val!r}. "
                 "Rewrite it with `vllm-overlay lock`."
@@ -166,11 +191,19 @@ def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
         git=need(up, "git", "[upstream]"),
         tag=need(up, "tag", "[upstream]"),
         commit=need(up, "commit", "[upstream]"),
+        commit_verified=need(up, "commit_verified", "[upstream]", bool)
+        if "commit_verified" in up
+        else True,
     )
-    if not _COMMIT_RE.match(upstream.commit):
+    if upstream.commit_verified and not _COMMIT_RE.match(upstream.commit):
         raise LockFileError(
             f"{source}: [upstream].commit should be a full 40-hex commit id, got "
             f"{upstream.commit!r}. Rewrite it with `vllm-overlay lock --commit SHA`."
+        )
+    if not upstream.commit_verified and not _ABBREV_RE.match(upstream.commit):
+        raise LockFileError(
+            f"{source}: [upstream].commit (unverified) should be 7 to 40 hex digits, got "
+            f"{upstream.commit!r}. Rewrite it with `vllm-overlay lock`."
         )
     arts = []
     for i, a in enumerate(data.get("artifact", [])):

@@ -99,31 +99,47 @@ def compute_lock(
     tag = provisional.upstream.tag
     notes: list[str] = []
     abbrev = sdist_commit_abbrev(repo, base, name)
+    verified = True
     if commit is None:
         commit = resolve_commit(git_url, tag)
-        if commit is None and unresolved_ok:
+        if commit is None and abbrev:
+            # Offline, or the host is unreachable: the sdist's sha256 pins the tree, and the
+            # commit it records is kept as it is, marked unverified (lock --check says so).
+            commit, verified = abbrev, False
+            notes.append(
+                f"cannot resolve tag {tag} at {git_url}: recording the commit the sdist records "
+                f"({abbrev}) as unverified; the sdist's sha256 pins the tree. Verify it later "
+                f"with `vllm-overlay lock --version {version} --commit SHA`."
+            )
+        elif commit is None and unresolved_ok:
             commit = UNRESOLVED
             notes.append(f"cannot resolve tag {tag} at {git_url}; the commit is not known yet")
         elif commit is None:
-            hint = f" (the sdist records commit {abbrev})" if abbrev else ""
             raise LockFileError(
-                f"cannot resolve tag {tag} at {git_url}{hint}. Pass the full commit id with "
-                "--commit SHA (or --git-url for a reachable mirror)."
+                f"cannot resolve tag {tag} at {git_url}, and the sdist records no commit. "
+                "Pass the full commit id with --commit SHA (or --git-url for a reachable mirror)."
             )
         else:
             notes.append(f"tag {tag} at {git_url} is {commit}")
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+    if verified and not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise LockFileError(f"--commit must be a full 40-hex commit id, got {commit!r}.")
-    if abbrev and commit != UNRESOLVED and not commit.startswith(abbrev):
+    if verified and abbrev and commit != UNRESOLVED and not commit.startswith(abbrev):
         raise LockFileError(
             f"commit {commit} does not match the sdist, which records commit {abbrev} in "
             f"{name}/_version.py. Check --commit."
         )
-    if abbrev and commit != UNRESOLVED:
+    if verified and abbrev and commit != UNRESOLVED:
         notes.append(f"the sdist records commit {abbrev}, consistent with {commit}")
     base_map = {p: base_hash(show_bytes(repo, base, p)) for p in paths}
     lock = Lock(
-        upstream=Upstream(name=name, version=version, git=git_url, tag=tag, commit=commit),
+        upstream=Upstream(
+            name=name,
+            version=version,
+            git=git_url,
+            tag=tag,
+            commit=commit,
+            commit_verified=verified,
+        ),
         artifacts=tuple(arts),
         base=base_map,
     )
@@ -146,7 +162,8 @@ def check_lock(lock: Lock, paths: Sequence[str], *, index_url: str | None = None
         if got != want:
             problems.append(f"[base] {path}: lock says {want}, the pinned tree has {got}")
     abbrev = sdist_commit_abbrev(repo, base, lock.upstream.name)
-    if abbrev and not lock.upstream.commit.startswith(abbrev):
+    pinned = lock.upstream.commit
+    if abbrev and not (pinned.startswith(abbrev) or abbrev.startswith(pinned)):
         problems.append(
             f"[upstream] commit {lock.upstream.commit} does not match the sdist's {abbrev}"
         )

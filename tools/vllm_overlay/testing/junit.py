@@ -18,10 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vllm_overlay.errors import SuiteError
+from vllm_overlay.testing.contract import MARKERS_PROPERTY  # noqa: F401 (re-exported)
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 FAILING = ("failed", "error")
-MARKERS_PROPERTY = "vllm_overlay.markers"
+
 _RANK = {"failed": 3, "error": 2, "skipped": 1, "passed": 0}
 
 

@@ -29,6 +29,9 @@ from typing import Any
 
 import pytest
 
+# The names this plugin shares with the runner (testing/contract.py, which the tool imports
+# without pytest). The plugin is copied alone into the test run, so it repeats them; a test
+# asserts they agree.
 DIR_ENV = "VLLM_OVERLAY_SUITE_DIR"
 HARD_TIMEOUT_ENV = "VLLM_OVERLAY_SUITE_HARD_TIMEOUT"
 MARKERS_PROPERTY = "vllm_overlay.markers"

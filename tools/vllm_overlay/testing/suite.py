@@ -44,7 +44,7 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.testing import plugin as suite_plugin
+from vllm_overlay.testing import contract as suite_plugin
 from vllm_overlay.testing import testenv
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit, parse_junit_file
 from vllm_overlay.testing.report import Comparison, RunInfo, RunView, compare, render_text, to_json
@@ -377,7 +377,7 @@ def install_wheel(env: RunEnv, wheel: Path, scratch: Scratch) -> Path:
 
 def side_environ(env: RunEnv, scratch: Scratch, code_root: Path, opts: RunOptions) -> dict:
     environ = env.environ(scratch.env, code_root)
-    shutil.copyfile(suite_plugin.__file__, scratch.plugin / f"{PLUGIN_MODULE}.py")
+    shutil.copyfile(suite_plugin.PLUGIN_FILE, scratch.plugin / f"{PLUGIN_MODULE}.py")
     environ["PYTHONPATH"] = os.pathsep.join([os.fspath(scratch.plugin), environ["PYTHONPATH"]])
     environ[suite_plugin.DIR_ENV] = os.fspath(scratch.out)
     environ[suite_plugin.HARD_TIMEOUT_ENV] = str(opts.timeout + HARD_TIMEOUT_GRACE)
@@ -600,7 +600,7 @@ def baseline_key(
 def _runner_digest() -> str:
     """This module and the plugin: a change to how a side runs invalidates baselines."""
     h = hashlib.sha256()
-    for path in (__file__, suite_plugin.__file__):
+    for path in (__file__, suite_plugin.PLUGIN_FILE):
         h.update(Path(path).read_bytes())
     return h.hexdigest()[:16]
 

@@ -1,0 +1,149 @@
+"""The house rules of the package itself: stages import downwards only, and the command line
+works without the test extra (pytest)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "tools" / "vllm_overlay"
+
+# Lowest first. A module may import its own stage and any stage below it, never above.
+STAGES = ("base", "index", "pin", "overlay", "wheel", "testing", "rebase", "track", "cli")
+BASE_MODULES = {"__init__", "errors", "util", "gitrepo"}
+CLI_MODULES = {"main", "__main__", "commands"}
+
+
+def stage_of(module: str) -> str:
+    """The stage of ``vllm_overlay.<a>[.<b>…]`` (or of a path relative to the package)."""
+    first = module.split(".")[0]
+    if first in BASE_MODULES:
+        return "base"
+    if first in CLI_MODULES:
+        return "cli"
+    if first in STAGES:
+        return first
+    raise AssertionError(f"vllm_overlay.{module} belongs to no stage: add it to STAGES")
+
+
+def modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"] or ["__init__"]
+        out.append((".".join(parts), path))
+    return out
+
+
+def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
+    """Every ``vllm_overlay.*`` module the file imports, anywhere in it (functions too)."""
+    found: list[tuple[int, str]] = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                names = [".".join(["vllm_overlay", *filter(None, base), node.module or ""])]
+            else:
+                names = [node.module or ""]
+            if names[0] == "vllm_overlay":  # from vllm_overlay import x, y
+                names = [f"vllm_overlay.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("vllm_overlay.") and name != "vllm_overlay.__version__":
+                found.append((node.lineno, name.removeprefix("vllm_overlay.").strip(".")))
+    return found
+
+
+def test_every_module_belongs_to_a_stage():
+    for module, _ in modules():
+        stage_of(module)
+
+
+def test_stages_import_downwards_only():
+    rank = {s: i for i, s in enumerate(STAGES)}
+    wrong = []
+    for module, path in modules():
+        mine = stage_of(module)
+        for line, target in imported_modules(path, module):
+            if target == "__version__":
+                continue
+            theirs = stage_of(target)
+            if rank[theirs] > rank[mine]:
+                wrong.append(f"{path.relative_to(PKG)}:{line} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "lower stages import higher ones:\n" + "\n".join(wrong)
+
+
+def test_the_layering_check_catches_an_upward_import(tmp_path):
+    """The check itself can fail: a pin module importing the wheel stage is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from vllm_overlay.wheel.build import build\n")
+    [(line, target)] = imported_modules(bad, "pin.bad")
+    assert (line, stage_of(target)) == (2, "wheel")
+    assert STAGES.index(stage_of(target)) > STAGES.index(stage_of("pin.bad"))
+
+
+BLOCK_PYTEST = textwrap.dedent(
+    """
+    import sys
+    class _Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("pytest", "_pytest", "pluggy"):
+                raise ImportError(f"{name} is blocked: the CLI must not need the test extra")
+    sys.meta_path.insert(0, _Block())
+    """
+)
+
+
+def _python_without_pytest(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCK_PYTEST)
+    env = {"PYTHONPATH": f"{site}:{PKG.parent}", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_the_block_really_blocks_pytest(tmp_path):
+    proc = _python_without_pytest(tmp_path, "import pytest")
+    assert proc.returncode != 0 and "is blocked" in proc.stderr
+
+
+def test_the_cli_and_every_verbs_help_work_without_pytest(tmp_path):
+    code = textwrap.dedent(
+        """
+        import contextlib, io, sys
+        import vllm_overlay.main as m
+        assert "pytest" not in sys.modules
+        verbs = list(m.COMMANDS)
+        for argv in [["--help"]] + [[v, "--help"] for v in verbs]:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                try:
+                    m.main(argv)
+                except SystemExit as e:
+                    assert e.code == 0, (argv, e.code)
+            assert "usage: vllm-overlay" in out.getvalue(), argv
+        print(len(verbs), "verbs")
+        """
+    )
+    proc = _python_without_pytest(tmp_path, code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("verbs")
+
+
+def test_the_plugin_repeats_the_runner_contract_exactly():
+    """The plugin is copied alone into vLLM's test run, so it repeats the contract's names."""
+    from vllm_overlay.testing import contract, plugin
+
+    names = [n for n in vars(contract) if n.isupper() and n != "PLUGIN_FILE"]
+    assert len(names) >= 5
+    assert {n: getattr(plugin, n) for n in names} == {n: getattr(contract, n) for n in names}
+    assert contract.PLUGIN_FILE.resolve() == Path(plugin.__file__).resolve()
