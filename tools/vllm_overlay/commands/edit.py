@@ -17,13 +17,16 @@ from vllm_overlay.overlay.project import find_project
 
 HELP = "open the patched checkout for editing (then run export)"
 DESCRIPTION = """\
-Make sure the checkout holds the pinned upstream plus the current overlay, then say how to
-change it. Edit files there (commit or not, as you like); `vllm-overlay export` writes your
-work back into overlay/ as one patch per upstream file (whole files for files we add), and
-`vllm-overlay export --check` tells whether overlay/ is up to date.
+Make sure the checkout holds the pinned upstream plus the current overlay (one commit per
+change), then say how to change it. Edits in the work tree (committed or not) belong to the
+last change in overlay/overlay.toml; to edit an earlier change, edit its commit
+(`git rebase -i refs/vllm-overlay/base`, see docs/overlay.md). `vllm-overlay export` writes
+each change's patches back into overlay/<change-id>/, and `vllm-overlay export --check`
+tells whether overlay/ is up to date.
 
 A checkout that already has edits is left alone, so running edit twice never loses work.
-To start a new change, add a [[change]] to overlay/overlay.toml listing its files first.
+To start a new change, append a [[change]] listing its files to overlay/overlay.toml first
+(or use `vllm-overlay import`).
 """
 
 
@@ -50,5 +53,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{dest} already has edits; leaving them as they are.")
     print(f"checkout: {dest}")
     print("Edit files there, then run `vllm-overlay export` to write overlay/.")
-    print("Files of a new change must first be listed in overlay/overlay.toml.")
+    print("Work tree edits belong to the last change in overlay/overlay.toml; to edit an")
+    print("earlier one: `git rebase -i refs/vllm-overlay/base` (docs/overlay.md).")
     return 0
