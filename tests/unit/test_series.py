@@ -270,3 +270,56 @@ def test_wheel_provenance_lists_each_change_of_a_file(project, cli, series, tmp_
     assert first["result_sha256"] != step["result_sha256"]  # the file after the first change
     res = cli("inspect", wheel, cwd=project.root)
     assert res.rc == 0 and f"    {SECOND}: Skip padding blocks in slots" in res.out
+
+
+def test_rebase_keeps_each_change_of_a_file_on_its_own(project, cli, series):
+    """A rebase moves a two-change file change by change: each is cherry-picked on its own,
+    and the exported patches stay one per change (here both refreshed by moved context)."""
+    res = cli("rebase", "--to", "1.1.0", "--index-url", project.index.url, "--json",
+              cwd=project.root)  # fmt: skip
+    assert res.rc == 0, res.err
+    rep = json.loads(res.out)
+    assert rep["status"] == "complete"
+    assert [c["id"] for c in rep["changes"]] == [CID, SECOND]
+    assert {c["status"] for c in rep["changes"]} <= {"kept", "refreshed"}
+    second = project.change_file(CONNECTOR + ".patch", SECOND).read_text()
+    assert "+        block_ids = [b for b in block_ids if b >= 0]" in second
+    first = project.change_file(CONNECTOR + ".patch").read_text()
+    assert "block_ids = [b for b in block_ids if b >= 0]" not in first
+    res = cli("export", "--check", cwd=project.root)
+    assert res.rc == 0, res.err
+    fresh = project.root / ".work" / "fresh"
+    res = cli("apply", "--checkout", fresh, "--index-url", project.index.url, cwd=project.root)
+    assert res.rc == 0, res.err
+    text = (fresh / CONNECTOR).read_text()
+    assert "Now with more docs." in text and "group_block_size" in text and "b >= 0" in text
+
+
+def test_rebase_stops_at_the_change_that_conflicts_and_goes_on_with_the_next(project, cli, series):
+    """1.2.0 rewrites the line the first change edits: the rebase stops at that change only;
+    after the resolution the second change of the same file is picked on top of it."""
+    res = cli("rebase", "--to", "1.2.0", "--index-url", project.index.url, "--json",
+              cwd=project.root)  # fmt: skip
+    assert res.rc == 1, res.err
+    rep = json.loads(res.out)
+    assert rep["stopped_at"]["id"] == CID and rep["stopped_at"]["status"] == "conflict"
+    assert [c["status"] for c in rep["changes"]][1] == "pending"
+    co = project.root / ".work" / "vllm"
+    text = release_files("1.2.0")[CONNECTOR].replace(
+        "        self._block_size = int(cache_config.block_size)  # upstream rewrote this\n",
+        "        # Use the hidden-states group's own block size.\n"
+        "        self._block_size = int(getattr(cache_config, 'group_block_size', "
+        "cache_config.block_size))\n",
+    )
+    (co / CONNECTOR).write_text(text)
+    res = cli("rebase", "--continue", "--json", cwd=project.root)
+    assert res.rc == 0, res.err
+    rep = json.loads(res.out)
+    assert [(c["id"], c["status"]) for c in rep["changes"]] == [
+        (CID, "resolved"), (SECOND, "refreshed")
+    ]  # fmt: skip
+    assert "int(getattr(" in project.change_file(CONNECTOR + ".patch").read_text()
+    second = project.change_file(CONNECTOR + ".patch", SECOND).read_text()
+    assert "+        block_ids = [b for b in block_ids if b >= 0]" in second
+    assert "int(getattr(" not in second.split("\n+", 1)[1]  # only its own edit is added
+    assert cli("export", "--check", cwd=project.root).rc == 0
