@@ -179,6 +179,8 @@ def test_from_release_conflict_stops_with_markers_then_continue(project, cli, ca
     assert (tree_snapshot(project.overlay), project.lock.read_bytes()) == before
     res = cli("apply", "--checkout", canonical, cwd=project.root)
     assert res.rc == 1 and "an import is stopped" in res.err
+    st = json.loads(cli("status", "--json", cwd=project.root).out)
+    assert st["import"] == {"id": "rewrite", "checkout": str(canonical), "conflicted": [CONNECTOR]}
     res = imp(cli, project, "--continue")
     assert res.rc == 1 and "conflict markers" in res.err
     # resolve: upstream's int() and our group block size

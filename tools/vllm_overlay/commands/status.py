@@ -6,6 +6,7 @@ import argparse
 import json
 
 from vllm_overlay.commands._options import add_checkout, checkout_of
+from vllm_overlay.overlay import importing
 from vllm_overlay.overlay.checkout import checkout_state
 from vllm_overlay.overlay.project import find_project
 
@@ -24,6 +25,13 @@ also touches says which), and the checkout's state:
 def configure(p: argparse.ArgumentParser) -> None:
     add_checkout(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _import_state(project) -> dict | None:
+    if not importing.in_progress(project):
+        return None
+    st = importing.load_state(project)
+    return {"id": st.meta.id, "checkout": st.checkout, "conflicted": st.conflicted}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             for c in overlay.changes
         ],
         "checkout": {"path": str(dest), **checkout_state(dest, lock, overlay)},
+        "import": _import_state(project),
     }
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
@@ -82,4 +91,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {f['kind']:7} {f['path']}{after}")
     co = data["checkout"]
     print(f"checkout {co['path']}: {co['state']}")
+    if data["import"]:
+        imp = data["import"]
+        print(
+            f"import of {imp['id']} stopped in {imp['checkout']} (conflicts in "
+            f"{', '.join(imp['conflicted'])}): resolve, then `vllm-overlay import --continue` "
+            "(or --abort)"
+        )
     return 0
