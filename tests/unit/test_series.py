@@ -323,3 +323,26 @@ def test_rebase_stops_at_the_change_that_conflicts_and_goes_on_with_the_next(pro
     assert "+        block_ids = [b for b in block_ids if b >= 0]" in second
     assert "int(getattr(" not in second.split("\n+", 1)[1]  # only its own edit is added
     assert cli("export", "--check", cwd=project.root).rc == 0
+
+
+def test_a_file_one_change_adds_and_a_later_one_patches(project, cli, series, tmp_path):
+    """The second change stores a patch of the file the first one added (not a second whole
+    copy), and apply and the wheel take the file as the series leaves it."""
+    co = series
+    with open(project.overlay / "overlay.toml", "a") as f:
+        f.write(SECOND_TOML.replace(SECOND, "more-tests").replace(CONNECTOR, ADDED_TEST))
+    (co / ADDED_TEST).write_text((co / ADDED_TEST).read_text() + "\n\ndef test_more():\n    pass\n")
+    res = cli("export", "--checkout", co, cwd=project.root)
+    assert res.rc == 0, res.err
+    patch = project.change_file(ADDED_TEST + ".patch", "more-tests").read_text()
+    assert (
+        "+def test_more():" in patch and not project.change_file(ADDED_TEST, "more-tests").exists()
+    )
+    fresh = tmp_path / "fresh"
+    res = apply(cli, project, fresh)
+    assert res.rc == 0, res.err
+    assert (fresh / ADDED_TEST).read_text() == (co / ADDED_TEST).read_text()
+    st = json.loads(cli("status", "--json", "--checkout", fresh, cwd=project.root).out)
+    assert st["checkout"]["state"] == "matches"
+    assert st["changes"][2]["files"][0]["kind"] == "patched"
+    assert st["changes"][2]["files"][0]["after"] == [CID]
