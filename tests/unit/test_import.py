@@ -50,7 +50,8 @@ def upstream_patch(upstream, tmp: Path, edits: dict[str, tuple[str, str]], subje
 GUARD_SLOTS = ("        out = []\n", "        out = []  # slots of real blocks only\n")
 BASIC_CACHE = (
     "    for value, slot in zip(to_cache, slot_mapping):\n",
-    "    for value, slot in zip(to_cache, slot_mapping):\n        if slot < 0:\n            continue\n",
+    "    for value, slot in zip(to_cache, slot_mapping):\n"
+    "        if slot < 0:  # padding \u2014 never a real slot\n            continue\n",
 )
 
 
@@ -103,7 +104,8 @@ def test_import_format_patch_fills_title_origin_authors(project, cli, canonical,
     assert new["files"] == [EXTRACT] and new["drop_when"] == "vllm>=1.3.0"
     assert overlay_toml(project)["revision"] == 2
     patch = project.change_file(EXTRACT + ".patch", cid).read_text()
-    assert "+        if slot < 0:" in patch and "index " not in patch
+    assert "+        if slot < 0:  # padding \u2014 never a real slot" in patch  # 8-bit mail body
+    assert "index " not in patch
     # the checkout holds it as the change's commit; status says it matches
     log = sh(canonical, "log", "-1", "--format=%B")
     assert f"Overlay-Change: {cid}" in log

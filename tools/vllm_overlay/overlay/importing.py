@@ -247,12 +247,18 @@ def _merge_one(
             continue
         content, conflicted = merge_file(ours, base, theirs, ("series", name, "import"))
         return Merged(fd.path, content, conflicted, f"three-way merge over {name}")
-    tried = ", ".join(n for n, _ in bases) or "none found"
+    tried = ", ".join(n for n, _ in bases) or "none"
+    blob = (
+        "names no blob it was written against"
+        if not fd.pre_blob
+        else f"was written against blob {fd.pre_blob}, which the checkout "
+        + ("has but the patch does not apply to" if any(n.startswith("blob") for n, _ in bases)
+           else "does not have")
+    )  # fmt: skip
     raise ChangeImportError(
         f"the patch of {fd.path} does not apply to the file as the series leaves it, and no "
-        f"base for a three-way merge takes it (tried: {tried}; the blob "
-        f"{fd.pre_blob or '(none named)'} the patch was written against is not in the "
-        "checkout). Nothing was written. Pass --base-release VERSION: a release whose "
+        f"base for a three-way merge takes it (bases tried: {tried}; the patch {blob}). "
+        "Nothing was written. Pass --base-release VERSION: a release whose "
         f"{fd.path} the patch applies to (its sdist is the merge base)."
     )
 

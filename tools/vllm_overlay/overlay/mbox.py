@@ -111,7 +111,8 @@ def parse_mbox(text: str, source: str) -> PatchSeries:
 
 
 def _read_mail(mail: str, source: str) -> tuple[Commit, str]:
-    msg = email.message_from_string(mail.split("\n", 1)[1], policy=email.policy.default)
+    raw = mail.split("\n", 1)[1].encode("utf-8", errors="surrogateescape")
+    msg = email.message_from_bytes(raw, policy=email.policy.default)
     subject = " ".join(str(msg.get("Subject", "")).split())
     subject = _SUBJECT_PREFIX.sub("", subject)
     payload = msg.get_payload(decode=True)
