@@ -26,16 +26,33 @@ from vllm_overlay.errors import (
     OverlayConfigError,
     OverlayError,
 )
-from vllm_overlay.gitrepo import config_set, git, rev_parse, show_bytes, status_porcelain
-from vllm_overlay.pin.lockfile import ABSENT, Lock, base_hash
+from vllm_overlay.gitrepo import (
+    Repo,
+    commit,
+    commit_message,
+    config_set,
+    git,
+    head_state,
+    open_repo,
+    opened,
+    restore_head,
+    rev_parse,
+    run_git,
+    set_ref,
+    show_bytes,
+    switch,
+    uncommitted,
+)
 from vllm_overlay.overlay.model import Change, Overlay, overlay_digest, safe_join
 from vllm_overlay.overlay.patches import apply_patch, parse_patch
+from vllm_overlay.pin.lockfile import ABSENT, Lock, base_hash
 from vllm_overlay.pin.trees import BASE_REF, upstream_repo
 from vllm_overlay.util import cache_dir, exclusive_lock
 
 BRANCH = "overlay"
 APPLIED_REF = "refs/vllm-overlay/applied"
 TRAILER = "Overlay-Change"
+DIGEST_KEY = "vllm-overlay.overlay-digest"
 
 
 @dataclass(frozen=True)
@@ -72,50 +89,53 @@ def check_consistency(lock: Lock, overlay: Overlay) -> None:
         )
 
 
-def plan(lock: Lock, overlay: Overlay, repo: Path, base: str) -> list[PlannedChange]:
+def plan(lock: Lock, overlay: Overlay, repo: Repo | Path, base: str) -> list[PlannedChange]:
     """Check base hashes and compute every changed file; raises before anything is written."""
     check_consistency(lock, overlay)
-    planned = []
-    for change in overlay.changes:
-        out: dict[str, bytes] = {}
-        for path in change.files:
-            original = show_bytes(repo, base, path)
-            got = base_hash(original)
-            want = lock.base[path]
-            if got != want:
-                found = "absent" if original is None else got
-                raise BaseMismatchError(
-                    f"upstream file {path} differs from upstream.lock: expected {want}, found "
-                    f"{found} in the {lock.upstream.name} {lock.upstream.version} tree. The "
-                    "overlay was written against other code; nothing was applied. Check the pin "
-                    "(`vllm-overlay lock --check`) or rebase the overlay."
+    with opened(repo) as r:
+        return [_plan_change(lock, overlay, change, r, base) for change in overlay.changes]
+
+
+def _plan_change(lock: Lock, overlay: Overlay, change: Change, repo: Repo, base: str
+                 ) -> PlannedChange:  # fmt: skip
+    out: dict[str, bytes] = {}
+    for path in change.files:
+        original = show_bytes(repo, base, path)
+        got = base_hash(original)
+        want = lock.base[path]
+        if got != want:
+            found = "absent" if original is None else got
+            raise BaseMismatchError(
+                f"upstream file {path} differs from upstream.lock: expected {want}, found "
+                f"{found} in the {lock.upstream.name} {lock.upstream.version} tree. The "
+                "overlay was written against other code; nothing was applied. Check the pin "
+                "(`vllm-overlay lock --check`) or rebase the overlay."
+            )
+        where = f"change {change.id!r}, file {path}"
+        if want == ABSENT:
+            src = overlay.whole_file(path)
+            if not src.is_file():
+                raise OverlayConfigError(
+                    f"{where}: the file is new (absent upstream), so overlay/{path} must hold "
+                    "it whole, but it does not exist. Run `vllm-overlay export`."
                 )
-            where = f"change {change.id!r}, file {path}"
-            if want == ABSENT:
-                src = overlay.whole_file(path)
-                if not src.is_file():
+            out[path] = src.read_bytes()
+        else:
+            pfile = overlay.patch_file(path)
+            if not pfile.is_file():
+                raise OverlayConfigError(
+                    f"{where}: overlay/{path}.patch does not exist. Run `vllm-overlay export`."
+                )
+            fp = parse_patch(pfile.read_text(), f"overlay/{path}.patch")
+            for side in (fp.old_path, fp.new_path):
+                if side is not None and side != path:
                     raise OverlayConfigError(
-                        f"{where}: the file is new (absent upstream), so overlay/{path} must hold "
-                        "it whole, but it does not exist. Run `vllm-overlay export`."
+                        f"{where}: overlay/{path}.patch patches {side!r}, not {path!r}."
                     )
-                out[path] = src.read_bytes()
-            else:
-                pfile = overlay.patch_file(path)
-                if not pfile.is_file():
-                    raise OverlayConfigError(
-                        f"{where}: overlay/{path}.patch does not exist. Run `vllm-overlay export`."
-                    )
-                fp = parse_patch(pfile.read_text(), f"overlay/{path}.patch")
-                for side in (fp.old_path, fp.new_path):
-                    if side is not None and side != path:
-                        raise OverlayConfigError(
-                            f"{where}: overlay/{path}.patch patches {side!r}, not {path!r}."
-                        )
-                if not fp.hunks:
-                    raise OverlayConfigError(f"{where}: overlay/{path}.patch has no hunks.")
-                out[path] = apply_patch(original, fp, where)
-        planned.append(PlannedChange(change, out))
-    return planned
+            if not fp.hunks:
+                raise OverlayConfigError(f"{where}: overlay/{path}.patch has no hunks.")
+            out[path] = apply_patch(original, fp, where)
+    return PlannedChange(change, out)
 
 
 def _lock_for(dest: Path):
@@ -127,22 +147,25 @@ def is_checkout(path: Path) -> bool:
     return (path / ".git").exists() and rev_parse(path, BASE_REF) is not None
 
 
-def _commit_change(dest: Path, pc: PlannedChange) -> str:
+def change_message(change: Change) -> str:
+    """The message of a change's commit (apply writes it, rebase recommits it)."""
+    return commit_message(f"{change.id}: {change.title}", change.origin, {TRAILER: change.id})
+
+
+def _commit_change(dest: Repo, pc: PlannedChange) -> str:
+    root = Path(dest.working_tree_dir or "")
     for path, data in pc.files.items():
-        target = safe_join(dest, path)
+        target = safe_join(root, path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    git("add", "-f", "--", *pc.files, cwd=dest)
-    msg = f"{pc.change.id}: {pc.change.title}\n\n{pc.change.origin}\n\n{TRAILER}: {pc.change.id}\n"
-    git("commit", "-q", "--no-verify", "-m", msg, cwd=dest)
-    return rev_parse(dest, "HEAD") or ""
+    return commit(dest, change_message(pc.change), *pc.files)
 
 
-def _checkout_base(dest: Path, repo: Path, base: str) -> None:
+def _checkout_base(dest: Repo, repo: Path, base: str) -> None:
     if not rev_parse(dest, base):
-        git("fetch", "-q", "--no-tags", str(repo), f"+{BASE_REF}:{BASE_REF}", cwd=dest)
-    git("update-ref", BASE_REF, base, cwd=dest)
-    git("checkout", "-q", "-f", "-B", BRANCH, base, cwd=dest)
+        run_git(dest.git, "fetch", "-q", "--no-tags", str(repo), f"+{BASE_REF}:{BASE_REF}")
+    set_ref(dest, BASE_REF, base)
+    switch(dest, base, BRANCH)
 
 
 def apply_overlay(
@@ -166,12 +189,12 @@ def apply_overlay(
         return _apply_new(dest, repo, base, planned, digest)
 
 
-def _finish(dest: Path, planned: list[PlannedChange], digest: str, result: ApplyResult) -> None:
+def _finish(dest: Repo, planned: list[PlannedChange], digest: str, result: ApplyResult) -> None:
     for pc in planned:
         result.commits.append((pc.change.id, _commit_change(dest, pc)))
-    result.head = rev_parse(dest, "HEAD") or ""
-    git("update-ref", APPLIED_REF, result.head, cwd=dest)
-    config_set(dest, "vllm-overlay.overlay-digest", digest)
+    result.head = dest.head.commit.hexsha
+    set_ref(dest, APPLIED_REF, result.head)
+    config_set(dest, DIGEST_KEY, digest)
 
 
 def _apply_new(
@@ -182,10 +205,11 @@ def _apply_new(
     try:
         git("clone", "-q", "--no-checkout", str(repo), str(tmp / "w"))
         work = tmp / "w"
-        git("remote", "remove", "origin", cwd=work)
-        _checkout_base(work, repo, base)
-        result = ApplyResult(checkout=dest, base=base, head=base, created=True)
-        _finish(work, planned, digest, result)
+        with open_repo(work) as w:
+            run_git(w.git, "remote", "remove", "origin")
+            _checkout_base(w, repo, base)
+            result = ApplyResult(checkout=dest, base=base, head=base, created=True)
+            _finish(w, planned, digest, result)
         if dest.exists():
             dest.rmdir()  # the empty directory the user named
         work.rename(dest)
@@ -202,41 +226,37 @@ def _apply_existing(
             f"{dest} exists and is not a vllm-overlay checkout (no {BASE_REF}). Nothing was "
             "changed. Pass another --checkout directory, or remove this one."
         )
-    dirty = status_porcelain(dest)
+    with open_repo(dest) as d:
+        return _apply_to(d, repo, base, planned, digest, force)
+
+
+def _apply_to(dest: Repo, repo: Path, base: str, planned: list[PlannedChange], digest: str,
+              force: bool) -> ApplyResult:  # fmt: skip
+    where = Path(dest.working_tree_dir or "")
+    dirty = uncommitted(dest)
     stash = None
     if dirty:
         if not force:
             shown = "\n".join("    " + e for e in dirty[:20])
             more = f"\n    … and {len(dirty) - 20} more" if len(dirty) > 20 else ""
             raise CheckoutError(
-                f"{dest} has uncommitted changes:\n{shown}{more}\nNothing was changed. Save them "
+                f"{where} has uncommitted changes:\n{shown}{more}\nNothing was changed. Save them "
                 "into the overlay with `vllm-overlay export`, commit or discard them, or pass "
                 "--force (which stashes them with `git stash` before applying)."
             )
-        git(
-            "stash",
-            "push",
-            "-q",
-            "--include-untracked",
-            "-m",
-            "vllm-overlay apply --force",
-            cwd=dest,
-        )
+        run_git(dest.git, "stash", "push", "-q", "--include-untracked", "-m",
+                "vllm-overlay apply --force")  # fmt: skip
         stash = rev_parse(dest, "refs/stash")
-    prev_head = rev_parse(dest, "HEAD")
-    prev_branch = git("symbolic-ref", "-q", "--short", "HEAD", cwd=dest, check=False).stdout.strip()
-    result = ApplyResult(checkout=dest, base=base, head=base, stash=stash)
+    before = head_state(dest)
+    result = ApplyResult(checkout=where, base=base, head=base, stash=stash)
     try:
         _checkout_base(dest, repo, base)
         _finish(dest, planned, digest, result)
     except BaseException:
         with contextlib.suppress(Exception):
-            if prev_branch:
-                git("checkout", "-q", "-f", "-B", prev_branch, prev_head or base, cwd=dest)
-            elif prev_head:
-                git("checkout", "-q", "-f", prev_head, cwd=dest)
+            restore_head(dest, before)
             if stash:
-                git("stash", "pop", "-q", cwd=dest)
+                run_git(dest.git, "stash", "pop", "-q")
         raise
     return result
 
@@ -249,9 +269,11 @@ def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object
         return {"exists": False, "state": "missing"}
     if not is_checkout(dest):
         return {"exists": True, "state": "foreign"}
-    applied = rev_parse(dest, APPLIED_REF)
-    head = rev_parse(dest, "HEAD")
-    dirty = status_porcelain(dest)
+    with open_repo(dest) as repo:
+        applied = rev_parse(repo, APPLIED_REF)
+        head = rev_parse(repo, "HEAD")
+        base = rev_parse(repo, BASE_REF)
+        dirty = uncommitted(repo)
     if dirty or head != applied:
         state = "edited"  # uncommitted edits or new commits: run export
     else:
@@ -263,7 +285,7 @@ def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object
     return {
         "exists": True,
         "state": state,
-        "base": rev_parse(dest, BASE_REF),
+        "base": base,
         "head": head,
         "dirty_files": len(dirty),
     }

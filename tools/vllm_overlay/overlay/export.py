@@ -12,10 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay.errors import CheckoutError, OverlayError
-from vllm_overlay.gitrepo import git, ls_files_z, rev_parse
-from vllm_overlay.pin.lockfile import ABSENT, Lock
+from vllm_overlay.gitrepo import (
+    Repo,
+    changed_since,
+    opened,
+    rev_parse,
+    run_git,
+    untracked,
+)
 from vllm_overlay.overlay.model import CONFIG_NAME, PATCH_SUFFIX, Overlay, overlay_files, safe_join
 from vllm_overlay.overlay.patches import canonical_diff
+from vllm_overlay.pin.lockfile import ABSENT, Lock
 from vllm_overlay.pin.trees import BASE_REF
 from vllm_overlay.util import atomic_write_bytes
 
@@ -43,30 +50,37 @@ class ExportResult:
         return bool(self.written or self.removed)
 
 
-def file_diff(checkout: Path, base: str, path: str) -> str:
-    """The canonical patch of ``path``: base commit vs the work tree."""
-    out = git("diff", *DIFF_OPTS, base, "--", path, cwd=checkout)
-    return canonical_diff(out.stdout)
+def file_diff(repo: Repo, base: str, path: str, rev: str | None = None) -> str:
+    """The canonical patch of ``path``: ``base`` vs ``rev`` (None: the work tree).
+
+    The text is the product (it is what overlay/ holds), so it comes from ``git diff`` with
+    the options above, not from GitPython's parsed hunks.
+    """
+    revs = (base, rev) if rev else (base,)
+    return canonical_diff(run_git(repo.git, "diff", *DIFF_OPTS, *revs, "--", path).stdout)
 
 
-def changed_paths(checkout: Path, base: str) -> set[str]:
+def changed_paths(repo: Repo, base: str) -> set[str]:
     """Paths that differ from base in the work tree, untracked (not ignored) files included."""
-    out = git("diff", "--name-only", "-z", "--no-renames", base, cwd=checkout)
-    paths = {p for p in out.stdout.split("\0") if p}
-    paths.update(ls_files_z(checkout, "--others", "--exclude-standard"))
-    return paths
+    return set(changed_since(repo, base)) | set(untracked(repo))
 
 
-def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path) -> dict[str, bytes]:
+def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path | Repo) -> dict[str, bytes]:
     """overlay-relative path -> bytes, as export would write them."""
-    base = rev_parse(checkout, BASE_REF)
+    with opened(checkout) as repo:
+        return _expected(lock, overlay, repo)
+
+
+def _expected(lock: Lock, overlay: Overlay, repo: Repo) -> dict[str, bytes]:
+    checkout = Path(repo.working_tree_dir or "")
+    base = rev_parse(repo, BASE_REF)
     if base is None:
         raise CheckoutError(
             f"{checkout} is not a vllm-overlay checkout (no {BASE_REF}). Create one with "
             "`vllm-overlay apply --checkout DIR` or `vllm-overlay edit`."
         )
     owned = set(overlay.all_files())
-    stray = sorted(changed_paths(checkout, base) - owned)
+    stray = sorted(changed_paths(repo, base) - owned)
     if stray:
         listed = "\n".join("    " + p for p in stray[:30])
         raise OverlayError(
@@ -86,7 +100,7 @@ def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path) -> dict[str, 
                     )
                 out[path] = target.read_bytes()
             else:
-                diff = file_diff(checkout, base, path)
+                diff = file_diff(repo, base, path)
                 if not diff.strip():
                     raise OverlayError(
                         f"change {change.id!r}: {path} no longer differs from upstream in "
@@ -98,10 +112,11 @@ def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path) -> dict[str, 
 
 
 def export_overlay(
-    lock: Lock, overlay: Overlay, checkout: Path, *, check: bool = False
+    lock: Lock, overlay: Overlay, checkout: Path | Repo, *, check: bool = False
 ) -> ExportResult:
     """Write (or with ``check``, only compare) overlay/ from ``checkout``."""
-    want = expected_overlay(lock, overlay, checkout)
+    with opened(checkout) as repo:
+        want = _expected(lock, overlay, repo)
     have = {
         f.relative_to(overlay.dir).as_posix(): f
         for f in overlay_files(overlay.dir)
