@@ -4,17 +4,20 @@
 Everything runs in-process through the CLI's ``main`` (as the console script does), so the
 script measures the same thing whatever the git layer underneath:
 
-  apply (real)        `apply --checkout NEW` of this project's overlay on the pinned release
+  apply (new)         `apply --checkout NEW` of this project's overlay on the pinned release
                       (the cached pristine tree; the first, untimed run builds it once) into
                       a fresh directory: clone, checkout, base hashes, one commit per change
+  apply (again)       the same into the existing, clean checkout (its status is read, then
+                      the branch is reset to the base and the changes recommitted)
   rebase refresh      a synthetic upstream (tests/synthetic.py: real git repo, sdists and
                       wheels on a loopback index): `rebase --to 1.1.0` of a fresh copy of a
                       pinned 1.0.0 project, to completion (refreshed, exported, lock written)
   rebase conflict     `rebase --to 1.2.0` up to its stop at a content conflict
   rebase --abort      putting the lock, overlay/ and the checkout back
 
-Each is run --runs times after one warm-up run; the median (and min, max) are printed in
-milliseconds. The synthetic runs use a temporary cache; the real apply uses the real one
+Each is run --runs times after one warm-up run; the median (and min, max) wall time and the
+median CPU time (this process and the git, pip... processes it waited for) are printed in
+milliseconds: on a shared machine the CPU time is the steadier figure. The synthetic runs use a temporary cache; the real apply uses the real one
 ($VLLM_OVERLAY_CACHE or ~/.cache/vllm-overlay), which must hold the release sdist already
 (`vllm-overlay fetch`), or reach the index.
 
@@ -36,6 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import vllm_overlay
 from vllm_overlay.main import main
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
@@ -57,32 +61,43 @@ def cli(*args: str | os.PathLike[str], cwd: Path, expect: int = 0) -> str:
     return out.getvalue()
 
 
-def timed(setup: Callable[[int], object], fn: Callable[[int], object], runs: int) -> list[float]:
-    """``fn(i)`` timed ``runs`` times after one warm-up (i = 0), each after an untimed setup."""
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def timed(
+    setup: Callable[[int], object], fn: Callable[[int], object], runs: int
+) -> list[tuple[float, float]]:
+    """``fn(i)`` timed ``runs`` times after one warm-up (i = 0), each after an untimed setup:
+    (wall seconds, CPU seconds of this process and its finished children)."""
     out = []
     for i in range(runs + 1):
         setup(i)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), _cpu()
         fn(i)
         if i:
-            out.append(time.perf_counter() - t)
+            out.append((time.perf_counter() - t, _cpu() - c))
     return out
 
 
-def show(name: str, times: list[float]) -> None:
-    ms = [t * 1000 for t in times]
+def show(name: str, times: list[tuple[float, float]]) -> None:
+    ms = [w * 1000 for w, _ in times]
+    cpu = [c * 1000 for _, c in times]
     print(
-        f"  {name:18} median {statistics.median(ms):8.1f} ms   "
-        f"min {min(ms):8.1f}   max {max(ms):8.1f}   (n={len(ms)})",
+        f"  {name:16} wall median {statistics.median(ms):8.1f} ms (min {min(ms):7.1f}, "
+        f"max {max(ms):7.1f})   cpu median {statistics.median(cpu):8.1f} ms   (n={len(ms)})",
         flush=True,
     )
 
 
 def bench_apply(project: Path, runs: int, work: Path) -> None:
     dests = [work / f"apply-{i}" for i in range(runs + 1)]
-    print(f"apply of {project / 'overlay'} into a fresh checkout:")
-    show("apply (real)", timed(lambda i: None, lambda i: cli("apply", "--checkout", dests[i],
-                                                             cwd=project), runs))  # fmt: skip
+    print(f"apply of {project / 'overlay'}:")
+    show("apply (new)", timed(lambda i: None, lambda i: cli("apply", "--checkout", dests[i],
+                                                            cwd=project), runs))  # fmt: skip
+    show("apply (again)", timed(lambda i: None, lambda i: cli("apply", "--checkout", dests[i],
+                                                              cwd=project), runs))  # fmt: skip
     for d in dests:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -166,6 +181,7 @@ def main_() -> int:
     args = ap.parse_args()
     for k in [k for k in os.environ if k.startswith("GIT_")]:
         del os.environ[k]
+    print(f"vllm_overlay from {Path(vllm_overlay.__file__).parent}")
     with tempfile.TemporaryDirectory(prefix="bench-git-") as tmp:
         if args.only in (None, "apply"):
             bench_apply(args.project.resolve(), args.runs, Path(tmp))

@@ -84,7 +84,7 @@ def start(
             return {"status": "noop", "message": f"upstream.lock already pins {name} {version}."}
         info(f"pinning {name} {version}")
         lock_plan = pin(overlay, name=name, version=version, commit=commit, remote=remote,
-                         index_url=index_url)  # fmt: skip
+                        index_url=index_url)  # fmt: skip
         dest = (checkout or project.default_checkout).absolute()
         state = State(
             from_version=old_lock.upstream.version,

@@ -50,6 +50,8 @@ _MARKER_RE = re.compile(rb"^(<<<<<<<|>>>>>>>)( |$)", re.MULTILINE)
 
 
 def step(ctx: Ctx, change: Change) -> tuple[dict | None, dict | None]:
+    """Carry ``change`` from the old base onto HEAD (the new base plus the changes before it):
+    dropped (with proof), kept or refreshed (one commit), or a stop."""
     reason = _drop_reason(ctx, change)
     if reason:
         return drop(ctx, change, reason)
