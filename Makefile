@@ -22,7 +22,7 @@ help:
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
-	@echo "make bench          repack benchmark on the real wheel"
+	@echo "make bench          repack benchmark on the real wheel; apply and rebase (git layer)"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,7 @@ rebase: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_repack.py
+	$(VENV)/bin/python bench/bench_git.py
 
 clean:
 	rm -rf .work $(OUT)

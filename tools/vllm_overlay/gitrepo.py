@@ -1,89 +1,331 @@
-"""Small typed helpers over git, run through the one subprocess wrapper.
+"""The git layer: GitPython's ``Repo`` for reading, ``repo.git`` for what only git's CLI does.
 
-Every call gets a clean environment: no GIT_* variables from the caller, no user or system
-config, a fixed identity and fixed dates, no signing. The same inputs give the same commit ids.
+Reads (refs, commits, trees and blobs, config, which paths differ, unmerged entries, untracked
+files) go through ``git.Repo`` objects. Writes (``update-ref``, ``config``, ``commit``,
+``checkout``, ``cherry-pick``, ``merge-file``, ``apply``, ``stash``, ``fetch``, ``clone``) go
+through ``repo.git``: git itself takes its lock files and renames into place, so nothing is
+half-written when the process is killed (GitPython's own ref and config writers rewrite files
+in place).
+
+Every git process gets the same clean environment: no ``GIT_*`` variables from the caller (they
+are dropped from this process's environment the first time the layer is used, because
+GitPython copies ``os.environ`` into every child and reads ``GIT_DIR`` and friends itself), no
+user or system config, the config below through ``GIT_CONFIG_COUNT``, a fixed identity and
+fixed dates, no signing. The same inputs give the same commit ids.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.util import Output, run
+import git as gitpython
+from git.diff import INDEX
+from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound
 
+from vllm_overlay.errors import CommandError, OverlayError
+from vllm_overlay.util import Output
+
+Repo = gitpython.Repo
 IDENTITY = ("vllm-overlay", "vllm-overlay@localhost")
 FIXED_DATE = "2000-01-01T00:00:00+0000"
-_CONFIG = (
-    "-c", "commit.gpgsign=false",
-    "-c", "tag.gpgsign=false",
-    "-c", "core.autocrlf=false",
-    "-c", "core.safecrlf=false",
-    "-c", "core.quotepath=off",
-    "-c", "core.fileMode=true",
-    "-c", "init.defaultBranch=main",
-    "-c", "advice.detachedHead=false",
-    "-c", "gc.auto=0",
-    "-c", "maintenance.auto=false",
-)  # fmt: skip
+CONFIG = {
+    "commit.gpgsign": "false",
+    "tag.gpgsign": "false",
+    "core.autocrlf": "false",
+    "core.safecrlf": "false",
+    "core.quotepath": "off",
+    "core.fileMode": "true",
+    "init.defaultBranch": "main",
+    "advice.detachedHead": "false",
+    "gc.auto": "0",
+    "maintenance.auto": "false",
+}
 
 
-def git_env(date: str = FIXED_DATE) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_AUTHOR_NAME=IDENTITY[0],
-        GIT_AUTHOR_EMAIL=IDENTITY[1],
-        GIT_COMMITTER_NAME=IDENTITY[0],
-        GIT_COMMITTER_EMAIL=IDENTITY[1],
-        GIT_AUTHOR_DATE=date,
-        GIT_COMMITTER_DATE=date,
-        GIT_TERMINAL_PROMPT="0",
-        LC_ALL="C",
-    )
+def git_env(date: str = FIXED_DATE, config: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables every git process gets on top of the (``GIT_*``-free) environment."""
+    settings = {**CONFIG, **(config or {})}
+    env = {
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_AUTHOR_NAME": IDENTITY[0],
+        "GIT_AUTHOR_EMAIL": IDENTITY[1],
+        "GIT_COMMITTER_NAME": IDENTITY[0],
+        "GIT_COMMITTER_EMAIL": IDENTITY[1],
+        "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_DATE": date,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_CONFIG_COUNT": str(len(settings)),
+        "LC_ALL": "C",
+    }
+    for i, (key, value) in enumerate(settings.items()):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
     return env
+
+
+def _drop_outside_git_vars() -> None:
+    for key in [k for k in os.environ if k.startswith("GIT_") and not k.startswith("GIT_PYTHON")]:
+        del os.environ[key]
+
+
+def _cmd(working_dir: Path | None) -> gitpython.Git:
+    _drop_outside_git_vars()
+    g = gitpython.Git(working_dir)
+    g.update_environment(**git_env())
+    return g
+
+
+def open_repo(path: Path) -> Repo:
+    """A ``Repo`` (work tree or bare) whose git processes run in the clean environment.
+
+    Use it as a context manager (``with open_repo(p) as repo:``) so its long-lived
+    ``cat-file`` processes end with it.
+    """
+    _drop_outside_git_vars()
+    try:
+        repo = Repo(path, search_parent_directories=False)
+    except (gitpython.InvalidGitRepositoryError, gitpython.NoSuchPathError) as e:
+        raise OverlayError(f"{path} is not a git repository ({type(e).__name__}).") from e
+    repo.git.update_environment(**git_env())
+    return repo
+
+
+@contextmanager
+def opened(repo: Repo | Path) -> Iterator[Repo]:
+    if isinstance(repo, Repo):
+        yield repo
+    else:
+        with open_repo(Path(repo)) as r:
+            yield r
+
+
+def _result(args: tuple[str, ...], out: tuple[int, str, str], check: bool, hint: str) -> Output:
+    status, stdout, stderr = out
+    if check and status != 0:
+        raise CommandError(("git", *args), status, stdout, stderr, hint)
+    return Output(status, stdout, stderr)
+
+
+def run_git(
+    g: gitpython.Git,
+    *args: str | os.PathLike[str],
+    check: bool = True,
+    input: str | None = None,
+    hint: str = "",
+    env: dict[str, str] | None = None,
+) -> Output:
+    """``git ARGS`` through ``g`` (a ``repo.git``): the exit status, stdout and stderr as text,
+    a ``CommandError`` (command, status, output, ``hint``) when it fails and ``check``."""
+    argv = tuple(os.fspath(a) for a in args)
+    try:
+        with tempfile.TemporaryFile() if input is not None else _no_stream() as stdin:
+            if stdin is not None:
+                stdin.write(input.encode())  # type: ignore[union-attr]
+                stdin.seek(0)
+            out = g.execute(
+                ["git", *argv],
+                istream=stdin,
+                with_extended_output=True,
+                with_exceptions=False,
+                strip_newline_in_stdout=False,
+                env=env,
+            )
+    except GitCommandNotFound as e:
+        raise OverlayError(f"git is not installed or not on PATH ({e}). Install it.") from e
+    return _result(argv, out, check, hint)  # type: ignore[arg-type]
+
+
+@contextmanager
+def _no_stream() -> Iterator[None]:
+    yield None
 
 
 def git(*args: str | os.PathLike[str], cwd: Path | None = None, check: bool = True,
         input: str | None = None, hint: str = "") -> Output:  # fmt: skip
-    return run("git", *_CONFIG, *args, cwd=cwd, env=git_env(), check=check, input=input, hint=hint)
+    """``git ARGS`` in ``cwd`` (or no repository: ``ls-remote``, ``init``, ``clone``)."""
+    return run_git(_cmd(cwd), *args, check=check, input=input, hint=hint)
 
 
-def rev_parse(repo: Path, rev: str) -> str | None:
-    out = git("rev-parse", "--verify", "-q", f"{rev}^{{commit}}", cwd=repo, check=False)
-    return out.stdout.strip() if out.returncode == 0 else None
+# ---------------------------------------------------------------------------------------------
+# Reading
 
 
-def show_bytes(repo: Path, rev: str, path: str) -> bytes | None:
-    """The bytes of ``path`` at ``rev``, or None if it does not exist there."""
-    import subprocess
-
-    proc = subprocess.run(
-        ["git", *_CONFIG, "cat-file", "blob", f"{rev}:{path}"],
-        cwd=repo,
-        env=git_env(),
-        capture_output=True,
-    )
-    if proc.returncode != 0:
+def commit_of(repo: Repo, rev: str) -> gitpython.Commit | None:
+    """The commit ``rev`` names (a ref, ``HEAD``, an id), or None."""
+    try:
+        obj = repo.rev_parse(f"{rev}^{{commit}}")
+    except (BadName, BadObject, ValueError, IndexError, KeyError, GitCommandError):
         return None
-    return proc.stdout
+    return obj if isinstance(obj, gitpython.Commit) else None
 
 
-def status_porcelain(repo: Path) -> list[str]:
-    """Uncommitted changes (tracked and untracked, not ignored), NUL-split porcelain entries."""
-    out = git("status", "--porcelain=v1", "-z", "--untracked-files=all", cwd=repo)
-    return [e for e in out.stdout.split("\0") if e]
+def rev_parse(repo: Repo | Path, rev: str) -> str | None:
+    """The full id of the commit ``rev`` names, or None."""
+    with opened(repo) as r:
+        c = commit_of(r, rev)
+        return c.hexsha if c is not None else None
 
 
-def ls_files_z(repo: Path, *args: str) -> list[str]:
-    out = git("ls-files", "-z", *args, cwd=repo)
-    return [e for e in out.stdout.split("\0") if e]
+def show_bytes(repo: Repo | Path, rev: str, path: str) -> bytes | None:
+    """The bytes of ``path`` at ``rev``, or None if it does not exist there."""
+    with opened(repo) as r:
+        c = commit_of(r, rev)
+        if c is None:
+            return None
+        try:
+            obj = c.tree / path
+        except KeyError:
+            return None
+        return obj.data_stream.read() if isinstance(obj, gitpython.Blob) else None
 
 
-def config_get(repo: Path, key: str) -> str | None:
-    out = git("config", "--local", "--get", key, cwd=repo, check=False)
-    return out.stdout.strip() if out.returncode == 0 else None
+def current_branch(repo: Repo) -> str | None:
+    """The branch HEAD is on (its short name), or None when HEAD is detached."""
+    return None if repo.head.is_detached else repo.head.reference.name
 
 
-def config_set(repo: Path, key: str, value: str) -> None:
-    git("config", "--local", key, value, cwd=repo)
+def untracked(repo: Repo) -> list[str]:
+    """Untracked files that are not ignored.
+
+    CLI (``ls-files --others``): GitPython's ``untracked_files`` runs a full ``git status``,
+    twice as slow on vLLM's tree (docs/design.md, "Git layer").
+    """
+    out = run_git(repo.git, "ls-files", "-z", "--others", "--exclude-standard").stdout
+    return [p for p in out.split("\0") if p]
+
+
+def changed_since(repo: Repo, rev: str, other: str | None = None) -> list[str]:
+    """Paths that differ between ``rev`` and ``other`` (None: the work tree, tracked files),
+    without rename detection (a moved file is its old and its new path)."""
+    diffs = repo.commit(rev).diff(other, no_renames=True)
+    return sorted({p for d in diffs for p in (d.a_path, d.b_path) if p})
+
+
+def staged(repo: Repo) -> list[gitpython.Diff]:
+    """What the index changes from HEAD (HEAD on the ``a`` side, the index on ``b``)."""
+    return list(repo.head.commit.diff(INDEX))
+
+
+def uncommitted(repo: Repo) -> list[str]:
+    """Uncommitted changes (staged, unstaged, untracked and not ignored), one ``XY path``
+    line each as ``git status --porcelain`` prints them (``XY orig -> path`` for a rename).
+
+    CLI (one ``git status``): GitPython needs three processes (``index.diff`` twice and
+    ``untracked_files``), twice the time on vLLM's tree (docs/design.md, "Git layer").
+    """
+    out = run_git(repo.git, "status", "--porcelain=v1", "-z", "--untracked-files=all").stdout
+    fields = iter(out.split("\0"))
+    lines = []
+    for entry in fields:
+        if entry:
+            xy, path = entry[:2], entry[3:]
+            if "R" in xy or "C" in xy:  # -z puts the original path in the next field
+                path = f"{next(fields, '')} -> {path}"
+            lines.append(f"{xy} {path}")
+    return lines
+
+
+def has_staged(repo: Repo) -> bool:
+    """The index differs from HEAD."""
+    return bool(staged(repo))
+
+
+def unmerged(repo: Repo) -> list[str]:
+    """Paths the index holds in conflict (stages 1-3)."""
+    return sorted(str(p) for p in repo.index.unmerged_blobs())
+
+
+def renames_between(repo: Repo, old: str, new: str) -> dict[str, list[tuple[str, int]]]:
+    """old path -> [(new path, similarity %)] that git's rename detection finds (no limit)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for d in repo.commit(old).diff(new, find_renames=True, l="0", diff_filter="R"):
+        if d.rename_from and d.rename_to:
+            out.setdefault(d.rename_from, []).append((d.rename_to, int(d.score or 0)))
+    return out
+
+
+def is_ancestor(repo: Repo, ancestor: str, rev: str) -> bool:
+    return repo.is_ancestor(ancestor, rev)
+
+
+def config_get(repo: Repo | Path, key: str) -> str | None:
+    """``key`` (``section.name``) from the repository's own config, or None."""
+    section, _, option = key.rpartition(".")
+    with opened(repo) as r:
+        reader = r.config_reader("repository")
+        if not reader.has_option(section, option):
+            return None
+        return str(reader.get_value(section, option))
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing (through git, which locks and renames)
+
+
+def config_set(repo: Repo | Path, key: str, value: str | None) -> None:
+    """Set ``key`` in the repository's own config (None: unset it)."""
+    with opened(repo) as r:
+        if value is None:
+            run_git(r.git, "config", "--local", "--unset", key, check=False)
+        else:
+            run_git(r.git, "config", "--local", key, value)
+
+
+def set_ref(repo: Repo, ref: str, value: str | None) -> None:
+    """Point ``ref`` at ``value`` (None: delete it)."""
+    if value:
+        run_git(repo.git, "update-ref", ref, value)
+    else:
+        run_git(repo.git, "update-ref", "-d", ref, check=False)
+
+
+def commit_message(subject: str, body: str = "", trailers: dict[str, str] | None = None) -> str:
+    """``subject``, a blank line, ``body``, a blank line, ``Key: value`` trailers."""
+    parts = [subject, body] if body else [subject]
+    if trailers:
+        parts.append("\n".join(f"{k}: {v}" for k, v in trailers.items()))
+    return "\n\n".join(parts) + "\n"
+
+
+def commit(repo: Repo, message: str, *paths: str) -> str:
+    """Commit what is staged (after ``git add -f`` of ``paths``); returns the new HEAD."""
+    if paths:
+        run_git(repo.git, "add", "-f", "--", *paths)
+    run_git(repo.git, "commit", "-q", "--no-verify", "-m", message)
+    return repo.head.commit.hexsha
+
+
+@dataclass(frozen=True)
+class HeadState:
+    """Where HEAD was: a branch at a commit, or a detached commit (None: no commit yet)."""
+
+    commit: str | None
+    branch: str | None
+
+
+def head_state(repo: Repo) -> HeadState:
+    return HeadState(commit=rev_parse(repo, "HEAD"), branch=current_branch(repo))
+
+
+def switch(repo: Repo, commit: str, branch: str | None, *, clean: bool = False) -> None:
+    """Check out ``commit`` forcibly, on ``branch`` (created or moved there) or detached;
+    an unfinished merge or cherry-pick is dropped first; ``clean`` removes untracked files."""
+    run_git(repo.git, "reset", "-q", "--merge", check=False)
+    if branch:
+        run_git(repo.git, "checkout", "-q", "-f", "-B", branch, commit)
+    else:
+        run_git(repo.git, "checkout", "-q", "-f", "--detach", commit)
+    if clean:
+        run_git(repo.git, "clean", "-q", "-f", "-d")
+
+
+def restore_head(repo: Repo, state: HeadState, *, clean: bool = False) -> None:
+    """Put HEAD (and the work tree) back where ``head_state`` found it."""
+    if state.commit:
+        switch(repo, state.commit, state.branch, clean=clean)

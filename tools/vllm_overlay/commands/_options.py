@@ -43,7 +43,7 @@ def checkout_of(args: argparse.Namespace, project: Project) -> Path:
 def refuse_during_rebase(project: Project, verb: str) -> None:
     """Commands that write the lock, overlay/ or the checkout wait for a rebase to settle."""
     from vllm_overlay.errors import RebaseError
-    from vllm_overlay.rebase.engine import in_progress
+    from vllm_overlay.rebase.state import in_progress
 
     if in_progress(project):
         raise RebaseError(

@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
+from vllm_overlay import rebase
 from vllm_overlay.commands._options import add_checkout, add_index_url, add_source
 from vllm_overlay.errors import UsageError
 from vllm_overlay.overlay.project import find_project
-from vllm_overlay.rebase import engine as rebase
 
 HELP = "move the overlay to a new vLLM release: keep, refresh, drop, or stop on a conflict"
 DESCRIPTION = """\

@@ -20,7 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay.errors import CheckoutError, OverlayError
-from vllm_overlay.gitrepo import config_set, git, rev_parse, show_bytes, status_porcelain
+from vllm_overlay.gitrepo import (
+    Repo,
+    commit,
+    commit_message,
+    config_set,
+    git,
+    head_state,
+    open_repo,
+    opened,
+    restore_head,
+    rev_parse,
+    run_git,
+    set_ref,
+    show_bytes,
+    switch,
+    uncommitted,
+)
 from vllm_overlay.overlay.model import Change, Overlay, overlay_digest, safe_join
 from vllm_overlay.overlay.series import (  # check_consistency: re-exported for rebase
     PlannedChange,
@@ -34,6 +50,7 @@ from vllm_overlay.util import cache_dir, exclusive_lock
 BRANCH = "overlay"
 APPLIED_REF = "refs/vllm-overlay/applied"
 TRAILER = "Overlay-Change"
+DIGEST_KEY = "vllm-overlay.overlay-digest"
 
 
 @dataclass
@@ -46,15 +63,11 @@ class ApplyResult:
     created: bool = False
 
 
-def plan(lock: Lock, overlay: Overlay, repo: Path, base: str) -> list[PlannedChange]:
+def plan(lock: Lock, overlay: Overlay, repo: Repo | Path, base: str) -> list[PlannedChange]:
     """Check base hashes and compute every change's files in order (the series, see
     overlay/series.py); raises before anything is written."""
-    return plan_series(lock, overlay, lambda path: show_bytes(repo, base, path))
-
-
-def commit_message(change: Change) -> str:
-    """The message of a change's commit in the checkout; the trailer names the change."""
-    return f"{change.id}: {change.title}\n\n{change.origin}\n\n{TRAILER}: {change.id}\n"
+    with opened(repo) as r:
+        return plan_series(lock, overlay, lambda path: show_bytes(r, base, path))
 
 
 def _lock_for(dest: Path):
@@ -66,21 +79,25 @@ def is_checkout(path: Path) -> bool:
     return (path / ".git").exists() and rev_parse(path, BASE_REF) is not None
 
 
-def _commit_change(dest: Path, pc: PlannedChange) -> str:
+def change_message(change: Change) -> str:
+    """The message of a change's commit (apply writes it, rebase recommits it)."""
+    return commit_message(f"{change.id}: {change.title}", change.origin, {TRAILER: change.id})
+
+
+def _commit_change(dest: Repo, pc: PlannedChange) -> str:
+    root = Path(dest.working_tree_dir or "")
     for path, data in pc.files.items():
-        target = safe_join(dest, path)
+        target = safe_join(root, path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    git("add", "-f", "--", *pc.files, cwd=dest)
-    git("commit", "-q", "--no-verify", "-m", commit_message(pc.change), cwd=dest)
-    return rev_parse(dest, "HEAD") or ""
+    return commit(dest, change_message(pc.change), *pc.files)
 
 
-def _checkout_base(dest: Path, repo: Path, base: str) -> None:
+def _checkout_base(dest: Repo, repo: Path, base: str) -> None:
     if not rev_parse(dest, base):
-        git("fetch", "-q", "--no-tags", str(repo), f"+{BASE_REF}:{BASE_REF}", cwd=dest)
-    git("update-ref", BASE_REF, base, cwd=dest)
-    git("checkout", "-q", "-f", "-B", BRANCH, base, cwd=dest)
+        run_git(dest.git, "fetch", "-q", "--no-tags", str(repo), f"+{BASE_REF}:{BASE_REF}")
+    set_ref(dest, BASE_REF, base)
+    switch(dest, base, BRANCH)
 
 
 def apply_overlay(
@@ -104,12 +121,12 @@ def apply_overlay(
         return _apply_new(dest, repo, base, planned, digest)
 
 
-def _finish(dest: Path, planned: list[PlannedChange], digest: str, result: ApplyResult) -> None:
+def _finish(dest: Repo, planned: list[PlannedChange], digest: str, result: ApplyResult) -> None:
     for pc in planned:
         result.commits.append((pc.change.id, _commit_change(dest, pc)))
-    result.head = rev_parse(dest, "HEAD") or ""
-    git("update-ref", APPLIED_REF, result.head, cwd=dest)
-    config_set(dest, "vllm-overlay.overlay-digest", digest)
+    result.head = dest.head.commit.hexsha
+    set_ref(dest, APPLIED_REF, result.head)
+    config_set(dest, DIGEST_KEY, digest)
 
 
 def _apply_new(
@@ -120,10 +137,11 @@ def _apply_new(
     try:
         git("clone", "-q", "--no-checkout", str(repo), str(tmp / "w"))
         work = tmp / "w"
-        git("remote", "remove", "origin", cwd=work)
-        _checkout_base(work, repo, base)
-        result = ApplyResult(checkout=dest, base=base, head=base, created=True)
-        _finish(work, planned, digest, result)
+        with open_repo(work) as w:
+            run_git(w.git, "remote", "remove", "origin")
+            _checkout_base(w, repo, base)
+            result = ApplyResult(checkout=dest, base=base, head=base, created=True)
+            _finish(w, planned, digest, result)
         if dest.exists():
             dest.rmdir()  # the empty directory the user named
         work.rename(dest)
@@ -140,41 +158,37 @@ def _apply_existing(
             f"{dest} exists and is not a vllm-overlay checkout (no {BASE_REF}). Nothing was "
             "changed. Pass another --checkout directory, or remove this one."
         )
-    dirty = status_porcelain(dest)
+    with open_repo(dest) as d:
+        return _apply_to(d, repo, base, planned, digest, force)
+
+
+def _apply_to(dest: Repo, repo: Path, base: str, planned: list[PlannedChange], digest: str,
+              force: bool) -> ApplyResult:  # fmt: skip
+    where = Path(dest.working_tree_dir or "")
+    dirty = uncommitted(dest)
     stash = None
     if dirty:
         if not force:
             shown = "\n".join("    " + e for e in dirty[:20])
             more = f"\n    … and {len(dirty) - 20} more" if len(dirty) > 20 else ""
             raise CheckoutError(
-                f"{dest} has uncommitted changes:\n{shown}{more}\nNothing was changed. Save them "
+                f"{where} has uncommitted changes:\n{shown}{more}\nNothing was changed. Save them "
                 "into the overlay with `vllm-overlay export`, commit or discard them, or pass "
                 "--force (which stashes them with `git stash` before applying)."
             )
-        git(
-            "stash",
-            "push",
-            "-q",
-            "--include-untracked",
-            "-m",
-            "vllm-overlay apply --force",
-            cwd=dest,
-        )
+        run_git(dest.git, "stash", "push", "-q", "--include-untracked", "-m",
+                "vllm-overlay apply --force")  # fmt: skip
         stash = rev_parse(dest, "refs/stash")
-    prev_head = rev_parse(dest, "HEAD")
-    prev_branch = git("symbolic-ref", "-q", "--short", "HEAD", cwd=dest, check=False).stdout.strip()
-    result = ApplyResult(checkout=dest, base=base, head=base, stash=stash)
+    before = head_state(dest)
+    result = ApplyResult(checkout=where, base=base, head=base, stash=stash)
     try:
         _checkout_base(dest, repo, base)
         _finish(dest, planned, digest, result)
     except BaseException:
         with contextlib.suppress(Exception):
-            if prev_branch:
-                git("checkout", "-q", "-f", "-B", prev_branch, prev_head or base, cwd=dest)
-            elif prev_head:
-                git("checkout", "-q", "-f", prev_head, cwd=dest)
+            restore_head(dest, before)
             if stash:
-                git("stash", "pop", "-q", cwd=dest)
+                run_git(dest.git, "stash", "pop", "-q")
         raise
     return result
 
@@ -187,9 +201,11 @@ def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object
         return {"exists": False, "state": "missing"}
     if not is_checkout(dest):
         return {"exists": True, "state": "foreign"}
-    applied = rev_parse(dest, APPLIED_REF)
-    head = rev_parse(dest, "HEAD")
-    dirty = status_porcelain(dest)
+    with open_repo(dest) as repo:
+        applied = rev_parse(repo, APPLIED_REF)
+        head = rev_parse(repo, "HEAD")
+        base = rev_parse(repo, BASE_REF)
+        dirty = uncommitted(repo)
     if dirty or head != applied:
         state = "edited"  # uncommitted edits or new commits: run export
     else:
@@ -201,7 +217,7 @@ def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object
     return {
         "exists": True,
         "state": state,
-        "base": rev_parse(dest, BASE_REF),
+        "base": base,
         "head": head,
         "dirty_files": len(dirty),
     }

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.gitrepo import git, ls_files_z, show_bytes
+from vllm_overlay.gitrepo import Repo, changed_since, opened, run_git, show_bytes, untracked
 from vllm_overlay.overlay.model import CONFIG_NAME, Overlay, overlay_files, safe_join
 from vllm_overlay.overlay.patches import canonical_diff
 from vllm_overlay.overlay.series import change_rel
@@ -47,38 +47,41 @@ class ExportResult:
         return bool(self.written or self.removed)
 
 
-def file_diff(checkout: Path, before: str, path: str, after: str | None = None) -> str:
-    """The canonical patch of ``path`` from ``before`` to ``after`` (None: the work tree)."""
-    revs = (before,) if after is None else (before, after)
-    out = git("diff", *DIFF_OPTS, *revs, "--", path, cwd=checkout)
-    return canonical_diff(out.stdout)
+def file_diff(repo: Repo, base: str, path: str, rev: str | None = None) -> str:
+    """The canonical patch of ``path``: ``base`` vs ``rev`` (None: the work tree).
+
+    The text is the product (it is what overlay/ holds), so it comes from ``git diff`` with
+    the options above, not from GitPython's parsed hunks.
+    """
+    revs = (base, rev) if rev else (base,)
+    return canonical_diff(run_git(repo.git, "diff", *DIFF_OPTS, *revs, "--", path).stdout)
 
 
-def changed_paths(checkout: Path, before: str, after: str | None = None) -> set[str]:
+def changed_paths(repo: Repo, before: str, after: str | None = None) -> set[str]:
     """Paths that differ between two commits, or from ``before`` to the work tree (untracked,
     not ignored files included)."""
-    revs = (before,) if after is None else (before, after)
-    out = git("diff", "--name-only", "-z", "--no-renames", *revs, cwd=checkout)
-    paths = {p for p in out.stdout.split("\0") if p}
+    paths = set(changed_since(repo, before, after))
     if after is None:
-        paths.update(ls_files_z(checkout, "--others", "--exclude-standard"))
+        paths |= set(untracked(repo))
     return paths
 
 
-def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path) -> dict[str, bytes]:
+def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path | Repo) -> dict[str, bytes]:
     """overlay-relative path -> bytes, as export would write them: each change's segment of
     the checkout's history (see overlay/walk.py) against the tree before it."""
-    _base, segments = walk_series(checkout, overlay)
-    out: dict[str, bytes] = {}
-    for seg in segments:
-        out.update(_segment_files(checkout, seg))
-    return out
+    with opened(checkout) as repo:
+        root = Path(repo.working_tree_dir or "")
+        _base, segments = walk_series(root, overlay)
+        out: dict[str, bytes] = {}
+        for seg in segments:
+            out.update(_segment_files(repo, root, seg))
+        return out
 
 
-def _segment_files(checkout: Path, seg: Segment) -> dict[str, bytes]:
+def _segment_files(repo: Repo, checkout: Path, seg: Segment) -> dict[str, bytes]:
     change = seg.change
     where = "uncommitted work and commits on top" if seg.top else f"commit(s) of {change.id!r}"
-    stray = sorted(changed_paths(checkout, seg.before, seg.after) - set(change.files))
+    stray = sorted(changed_paths(repo, seg.before, seg.after) - set(change.files))
     if stray:
         listed = "\n".join("    " + p for p in stray[:30])
         hint = (
@@ -96,12 +99,12 @@ def _segment_files(checkout: Path, seg: Segment) -> dict[str, bytes]:
         )
     out: dict[str, bytes] = {}
     for path in change.files:
-        if show_bytes(checkout, seg.before, path) is None:  # absent before: stored whole
+        if show_bytes(repo, seg.before, path) is None:  # absent before: stored whole
             if seg.top:
                 target = safe_join(checkout, path)
                 data = target.read_bytes() if target.is_file() else None
             else:
-                data = show_bytes(checkout, seg.after or "", path)
+                data = show_bytes(repo, seg.after or "", path)
             if data is None:
                 raise OverlayError(
                     f"change {change.id!r}: {path} is missing from {checkout} ({where}). "
@@ -109,7 +112,7 @@ def _segment_files(checkout: Path, seg: Segment) -> dict[str, bytes]:
                 )
             out[change_rel(change.id, path, added=True)] = data
             continue
-        diff = file_diff(checkout, seg.before, path, seg.after)
+        diff = file_diff(repo, seg.before, path, seg.after)
         if not diff.strip():
             raise OverlayError(
                 f"change {change.id!r} ({where}) does not change {path} in {checkout}. Remove "
@@ -122,10 +125,11 @@ def _segment_files(checkout: Path, seg: Segment) -> dict[str, bytes]:
 
 
 def export_overlay(
-    lock: Lock, overlay: Overlay, checkout: Path, *, check: bool = False
+    lock: Lock, overlay: Overlay, checkout: Path | Repo, *, check: bool = False
 ) -> ExportResult:
     """Write (or with ``check``, only compare) overlay/ from ``checkout``."""
-    want = expected_overlay(lock, overlay, checkout)
+    with opened(checkout) as repo:
+        want = _expected(lock, overlay, repo)
     have = {
         f.relative_to(overlay.dir).as_posix(): f
         for f in overlay_files(overlay.dir)

@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vllm_overlay.errors import ChangeImportError, OverlayError
-from vllm_overlay.gitrepo import config_set, git, rev_parse, show_bytes, status_porcelain
+from vllm_overlay.gitrepo import config_set, git, opened, rev_parse, show_bytes, uncommitted
 from vllm_overlay.overlay import history
-from vllm_overlay.overlay.checkout import APPLIED_REF, commit_message
+from vllm_overlay.overlay.checkout import APPLIED_REF, change_message
 from vllm_overlay.overlay.export import expected_overlay
 from vllm_overlay.overlay.mbox import FileDiff, PatchSeries
 from vllm_overlay.overlay.model import CONFIG_NAME, overlay_digest, parse_overlay, safe_join
@@ -391,7 +391,8 @@ def finish(project: Project, lock: Lock, st: State) -> list[str]:
             + "\nEdit them away, then run `vllm-overlay import --continue` again."
         )
     git("add", "-f", "--", *st.paths, cwd=co)
-    other = [e for e in status_porcelain(co) if e[3:] not in st.paths]
+    with opened(co) as repo:
+        other = [e for e in uncommitted(repo) if e[3:] not in st.paths]
     if other:
         raise ChangeImportError(
             f"{co} has changes outside the import's files:\n"
@@ -418,7 +419,7 @@ def finish(project: Project, lock: Lock, st: State) -> list[str]:
     new_lock = lock.with_base(
         {**lock.base, **{p: base_hash(show_bytes(co, BASE_REF, p)) for p in changed if p not in lock.base}}
     )
-    git("commit", "-q", "--no-verify", "-m", commit_message(change), cwd=co)
+    git("commit", "-q", "--no-verify", "-m", change_message(change), cwd=co)
     try:
         want = expected_overlay(new_lock, new_overlay, co)
         planned = plan_series(

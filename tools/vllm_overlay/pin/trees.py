@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from vllm_overlay.errors import IntegrityError, OverlayError
-from vllm_overlay.gitrepo import git, rev_parse
+from vllm_overlay.gitrepo import git, open_repo, rev_parse, set_ref
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.util import cache_dir, exclusive_lock, info
@@ -47,8 +47,11 @@ def commit_tree(worktree: Path, git_dir: Path, message: str) -> str:
     env_args = ("--git-dir", str(git_dir), "--work-tree", str(worktree))
     git(*env_args, "add", "-A", "-f", "--", ".", cwd=worktree)
     tree = git(*env_args, "write-tree", cwd=worktree).stdout.strip()
-    commit = git(*env_args, "commit-tree", tree, "-m", message, cwd=worktree).stdout.strip()
-    return commit
+    return git(*env_args, "commit-tree", tree, "-m", message, cwd=worktree).stdout.strip()
+
+
+def _init_bare(repo: Path) -> None:
+    git("init", "-q", "--bare", str(repo))
 
 
 def _publish_repo(tmp: Path, final: Path) -> None:
@@ -84,13 +87,14 @@ def sdist_repo(lock: Lock, *, index_url: str | None = None) -> tuple[Path, str]:
             tmp_path = Path(tmp)
             top = _extract(sdist, tmp_path / "src")
             repo = tmp_path / "repo.git"
-            git("init", "-q", "--bare", str(repo))
+            _init_bare(repo)
             msg = (
                 f"{lock.upstream.name} {lock.upstream.version} from {art.filename}\n\n"
                 f"sdist-sha256: {art.sha256}\n"
             )
             base = commit_tree(top, repo, msg)
-            git("update-ref", BASE_REF, base, cwd=repo)
+            with open_repo(repo) as r:
+                set_ref(r, BASE_REF, base)
             _publish_repo(repo, final)
     return final, base
 
@@ -112,7 +116,7 @@ def git_repo(lock: Lock, *, git_url: str | None = None) -> tuple[Path, str]:
         info(f"fetching {commit} from {url}")
         with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
             repo = Path(tmp) / "repo.git"
-            git("init", "-q", "--bare", str(repo))
+            _init_bare(repo)
             git(
                 "fetch", "-q", "--depth", "1", "--no-tags", url, commit, cwd=repo,
                 hint=(
@@ -121,12 +125,13 @@ def git_repo(lock: Lock, *, git_url: str | None = None) -> tuple[Path, str]:
                     "--source sdist."
                 ),
             )  # fmt: skip
-            got = rev_parse(repo, "FETCH_HEAD")
-            if got != commit:
-                raise IntegrityError(
-                    f"{url} returned commit {got} for the pinned {commit}. Refusing to use it."
-                )
-            git("update-ref", BASE_REF, commit, cwd=repo)
+            with open_repo(repo) as r:
+                got = rev_parse(r, "FETCH_HEAD")
+                if got != commit:
+                    raise IntegrityError(
+                        f"{url} returned commit {got} for the pinned {commit}. Refusing to use it."
+                    )
+                set_ref(r, BASE_REF, commit)
             _publish_repo(repo, final)
     return final, commit
 

@@ -1,0 +1,125 @@
+"""Where a rebase goes: the target release (a version, ``latest``, or a release's commit) and
+its pin (artifacts from the index; the full commit, checked against the sdist, or asked for
+later)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from packaging.version import InvalidVersion, Version
+
+from vllm_overlay.errors import RebaseError, UsageError
+from vllm_overlay.gitrepo import git
+from vllm_overlay.index.client import configured_index_urls, list_files, release_file_kind
+from vllm_overlay.overlay.model import Overlay
+from vllm_overlay.pin.lockfile import parse_lock, render_lock
+from vllm_overlay.pin.pinning import LockPlan, compute_lock
+from vllm_overlay.rebase.state import State
+from vllm_overlay.util import info
+
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _is_final(v: str) -> bool:
+    try:
+        return not Version(v).is_prerelease and not Version(v).is_devrelease
+    except InvalidVersion:
+        return False
+
+
+def latest_release(name: str, index_url: str | None) -> str:
+    """The newest final release of ``name`` on the package index that has an sdist."""
+    versions: set[str] = set()
+    for url in configured_index_urls(index_url):
+        for f in list_files(name, url):
+            if f.yanked or not f.filename.endswith(".tar.gz"):
+                continue
+            v = f.filename[: -len(".tar.gz")].rpartition("-")[2]
+            if _is_final(v) and release_file_kind(f.filename, name, v) == "sdist":
+                versions.add(v)
+    if not versions:
+        raise RebaseError(f"the package index lists no release of {name}; pass --to VERSION.")
+    return max(versions, key=Version)
+
+
+def release_of_commit(git_url: str, commit: str) -> str:
+    """The release whose tag (``vX``) points at ``commit`` on the git remote."""
+    out = git("ls-remote", "--tags", git_url, check=False)
+    if out.returncode != 0:
+        raise RebaseError(
+            f"cannot list the tags of {git_url} to find which release {commit} is "
+            f"({out.stderr.strip()}). Pass the release instead: --to VERSION --commit {commit} "
+            "(or --git-url for a reachable mirror)."
+        )
+    found = []
+    for line in out.stdout.splitlines():
+        sha, _, ref = line.partition("\t")
+        tag = ref.removeprefix("refs/tags/").removesuffix("^{}")
+        if sha == commit and tag.startswith("v"):
+            try:
+                found.append(Version(tag[1:]))
+            except InvalidVersion:
+                continue
+    if not found:
+        raise RebaseError(
+            f"{commit} is not the commit of a release tag at {git_url}. A rebase pins a "
+            "release (its sdist and wheels are what the tool builds from): pass --to VERSION."
+        )
+    finals = [v for v in found if not v.is_prerelease] or found
+    return str(max(finals))
+
+
+def resolve_target(
+    to: str, *, name: str, git_url: str, index_url: str | None, commit: str | None
+) -> tuple[str, str | None]:
+    """(version, commit or None) for ``--to`` (a version, ``latest``, or a full commit id)."""
+    if to == "latest":
+        return latest_release(name, index_url), commit
+    if _COMMIT_RE.match(to):
+        if commit and commit != to:
+            raise UsageError(f"--to {to} and --commit {commit} name different commits.")
+        return release_of_commit(git_url, to), to
+    try:
+        Version(to)
+    except InvalidVersion:
+        raise UsageError(
+            f"--to {to!r} is neither a version (like 0.25.0), `latest`, nor a full 40-hex "
+            "commit id."
+        ) from None
+    return to, commit
+
+
+def pin(
+    overlay: Overlay, *, name: str, version: str, commit: str | None, remote: str,
+    index_url: str | None,
+) -> LockPlan:  # fmt: skip
+    """The new pin ([base] is filled in at the end; an unresolvable commit is asked for then)."""
+    plan = compute_lock(
+        [], version=version, name=name, commit=commit, git_url=remote,
+        index_url=index_url, unresolved_ok=True,
+    )  # fmt: skip
+    for note in plan.notes:
+        info(note)
+    if not plan.commit_resolved:
+        info(
+            f"the full commit id of {name} {version} is unknown (the sdist records "
+            f"{plan.sdist_commit or 'none'}); the rebase goes on and asks for it before "
+            "writing anything"
+        )
+    return plan
+
+
+def with_commit(state: State, commit: str) -> None:
+    """Record the new pin's full commit in ``state`` after checking it against the sdist."""
+    if not _COMMIT_RE.match(commit):
+        raise UsageError(f"--commit must be a full 40-hex commit id, got {commit!r}.")
+    if state.sdist_commit and not commit.startswith(state.sdist_commit):
+        raise RebaseError(
+            f"commit {commit} does not match the new release's sdist, which records commit "
+            f"{state.sdist_commit}. Check --commit."
+        )
+    lock = parse_lock(state.new_lock, "the rebase's new pin")
+    lock = replace(lock, upstream=replace(lock.upstream, commit=commit))
+    state.new_lock = render_lock(lock)
+    state.commit_known = True
