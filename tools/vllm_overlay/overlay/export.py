@@ -128,8 +128,7 @@ def export_overlay(
     lock: Lock, overlay: Overlay, checkout: Path | Repo, *, check: bool = False
 ) -> ExportResult:
     """Write (or with ``check``, only compare) overlay/ from ``checkout``."""
-    with opened(checkout) as repo:
-        want = _expected(lock, overlay, repo)
+    want = expected_overlay(lock, overlay, checkout)
     have = {
         f.relative_to(overlay.dir).as_posix(): f
         for f in overlay_files(overlay.dir)
