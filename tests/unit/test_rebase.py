@@ -8,6 +8,7 @@ added test file, drop_when vllm>=1.3.0), pinned to 1.0.0.
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -492,13 +493,15 @@ def test_killed_rebase_resumes_in_a_new_process(proj: Proj, tmp_path: Path):
     assert_pinned(proj, "1.3.0")
 
 
-def test_a_second_rebase_is_refused_while_one_is_stopped_or_running(proj: Proj):
+def test_a_second_rebase_is_refused_while_one_is_stopped_or_running(proj: Proj, monkeypatch):
     assert rebase_to(proj, "1.2.0").rc == 1
     res = rebase_to(proj, "1.1.0")
     assert res.rc == 1 and "in progress" in res.err and "--abort" in res.err
+    monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", "0.3")  # a running one is waited for
     with exclusive_lock(proj.root / ".work" / "rebase.lock", "test"):
         res = rebase(proj, "--abort")
     assert res.rc == 1 and "another vllm-overlay process" in res.err
+    assert f"held by pid {os.getpid()}" in res.err and "after waiting 0.3 s" in res.err
     assert rebase(proj, "--abort").rc == 0
 
 

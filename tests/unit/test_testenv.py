@@ -248,12 +248,20 @@ def test_rebuild_replaces_a_complete_environment(tmp_path, monkeypatch):
     assert sorted(p.name for p in testenv.root().iterdir()) == [".lock", env.path.name]
 
 
-def test_a_second_builder_stops_at_once(tmp_path, monkeypatch):
+def test_a_second_builder_waits_then_gives_up(tmp_path, monkeypatch, capsys):
     tree = make_tree(tmp_path / "tree")
-    monkeypatch.setattr(testenv, "_build", no_subprocess)
+    calls: list[str] = []
+    monkeypatch.setattr(testenv, "_build", fake_build(calls))
+    monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", "0.3")
     with util.exclusive_lock(testenv.root() / ".lock", "test"):
-        with pytest.raises(BusyError, match="another vllm-overlay process"):
+        with pytest.raises(BusyError, match="another vllm-overlay process") as e:
             testenv.ensure_testenv(tree)
+    assert f"held by pid {os.getpid()}" in str(e.value) and "after waiting 0.3 s" in str(e.value)
+    assert (
+        f"waiting for the test environments, held by pid {os.getpid()}" in capsys.readouterr().err
+    )
+    assert not calls
+    assert testenv.ensure_testenv(tree).path.is_dir() and len(calls) == 1  # free again: built
 
 
 # ---- the command --------------------------------------------------------------------------
