@@ -14,7 +14,7 @@ import pytest
 from conftest import FIXED_CONNECTOR_SNIPPET
 from synthetic import ADDED_TEST, CONNECTOR, release_files
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.testing import causes, suite
+from vllm_overlay.testing import causes, proving, runner, suite, testenv
 from vllm_overlay.testing import plugin as suite_plugin
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit
 from vllm_overlay.testing.report import RunInfo, RunView, compare, render_text, to_json
@@ -366,9 +366,10 @@ def test_baseline_cache_round_trip_and_corruption():
 
 def test_progress_line(tmp_path):
     f = tmp_path / "progress.json"
-    assert suite.progress_line("patched", f, 5) == "suite: patched: collecting tests (5 s)"
+    label = "suite: patched"
+    assert runner.progress_line(label, f, 5) == "suite: patched: collecting tests (5 s)"
     f.write_text(json.dumps({"total": 674, "done": 300, "counts": {"passed": 290, "failed": 10}}))
-    line = suite.progress_line("patched", f, 150)
+    line = runner.progress_line(label, f, 150)
     assert line == "suite: patched: 300/674 tests (290 passed, 10 failed), 2.5 min"
 
 
@@ -457,7 +458,7 @@ def test_suite_compares_patched_with_pristine_and_caches_the_baseline(project, c
     assert f"only on patched: 1\n    {ADDED_TEST}: 1 passed" in out
     assert "verdict: OK" in out
     assert "running the baseline on pristine upstream" in res.err
-    assert "suite: running the patched tree's tests" in res.err
+    assert "suite: patched: running the tests" in res.err
     base = (junit / "baseline.xml").read_text()
     assert "test_layout" in base and "test_group_block_size" not in base
     assert "test_group_block_size" in (junit / "patched.xml").read_text()
@@ -614,3 +615,88 @@ def test_bad_input_is_a_usage_error(project, cli, args, message):
     res = suite_cli(cli, project, *args)
     assert res.rc == 2, res.err
     assert message in res.err
+
+
+# ---- the one runner, as proofs use it -----------------------------------------------------
+
+SOCKET_TEST = '''\
+import os, socket
+
+
+def test_binds_a_socket_where_ray_would():
+    """Ray's raylet socket: $RAY_TMPDIR/ray/session_<date>_<time>_<usec>_<pid>/sockets/."""
+    d = os.path.join(os.environ["RAY_TMPDIR"], "ray", "session_2026-01-01_00-00-00_000000_4194304", "sockets")
+    os.makedirs(d)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(os.path.join(d, "raylet.12345"))
+
+
+def test_fails():
+    assert 1 + 1 == 3, "arithmetic is broken"
+
+
+def test_skipped():
+    import pytest
+
+    pytest.skip("not here")
+'''
+
+
+def test_a_proof_reads_outcomes_from_junit_and_ray_gets_a_short_socket_path(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "tests" / "test_sock.py").write_text(SOCKET_TEST)
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # like .work/rebase/tests/<change id>/work
+    log = deep / "pytest.log"
+    run = proving.run_tests(proving.PythonRunner(), tree, [str(tree / "tests")], deep / "work", log)
+    assert (run.passed, run.failed, run.errors, run.skipped) == (1, 1, 0, 1), log.read_text()
+    assert not run.ok and run.returncode == 1
+    assert run.first_error.startswith("tests/test_sock.py::test_fails: AssertionError")
+    assert "arithmetic is broken" in run.first_error
+    assert run.summary.startswith("1 passed, 1 failed, 1 skipped in ")
+    assert "1 failed, 1 passed, 1 skipped" in log.read_text()  # the whole output
+    # Under the work directory, as before, the socket path would be too long to bind.
+    too_deep = len(str((deep / "work" / "tmp").resolve()) + testenv.RAY_SOCKET_SUFFIX)
+    assert too_deep > testenv.SOCKET_PATH_MAX
+    assert not list(Path("/tmp").glob(f"{testenv.RAY_PREFIX}*{_digest(deep / 'work')}"))
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+
+
+def test_a_proof_that_passes_is_ok_and_one_that_collects_nothing_is_not(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "tests" / "test_ok.py").write_text("def test_ok():\n    assert True\n")
+    (tree / "tests" / "test_none.py").write_text("X = 1\n")
+    ok = proving.run_tests(
+        proving.PythonRunner(),
+        tree,
+        [str(tree / "tests/test_ok.py")],
+        tmp_path / "w1",
+        tmp_path / "l1.log",
+    )
+    assert ok.ok and (ok.passed, ok.failed) == (1, 0) and ok.first_error == ""
+    none = proving.run_tests(
+        proving.PythonRunner(),
+        tree,
+        [str(tree / "tests/test_none.py")],
+        tmp_path / "w2",
+        tmp_path / "l2.log",
+    )
+    assert not none.ok and none.returncode == 5 and none.summary.startswith("no tests ran")
+
+
+def test_the_suite_and_proofs_give_ray_a_short_directory(tmp_path):
+    deep = tmp_path / ("x" * 80) / ("y" * 80)
+    for environ in (
+        testenv.scratch_environ(deep),
+        proving.PythonRunner().command(tmp_path, deep)[1],
+        suite._plain_environ(deep, tmp_path),
+    ):
+        ray = environ["RAY_TMPDIR"]
+        assert len(ray) + len(testenv.RAY_SOCKET_SUFFIX) <= testenv.SOCKET_PATH_MAX, ray
+        assert Path(environ["TMPDIR"]).is_relative_to(deep.resolve())

@@ -151,7 +151,6 @@ def test_environ_keeps_temporary_files_inside_the_workdir(tmp_path):
     environ = env.environ(workdir, tree)
     for key in (
         "TMPDIR",
-        "RAY_TMPDIR",
         "TORCHINDUCTOR_CACHE_DIR",
         "TRITON_CACHE_DIR",
         "VLLM_CACHE_ROOT",
@@ -159,6 +158,10 @@ def test_environ_keeps_temporary_files_inside_the_workdir(tmp_path):
         path = Path(environ[key])
         assert path.is_relative_to(workdir.resolve()), key
         assert path.is_dir(), key
+    # Ray's sockets live under RAY_TMPDIR and their paths may not exceed 107 bytes.
+    ray = environ["RAY_TMPDIR"]
+    assert Path(ray).is_dir() and Path(ray).name.startswith(testenv.RAY_PREFIX)
+    assert len(ray) + len(testenv.RAY_SOCKET_SUFFIX) <= testenv.SOCKET_PATH_MAX
 
 
 def test_environ_runs_vllm_from_the_tree_offline_on_cpu(tmp_path):

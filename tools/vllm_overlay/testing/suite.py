@@ -9,11 +9,12 @@ How one side runs (``run_side``), the same for both sides and both modes:
 2. ``root/``: a copy of the tree's ``tests/`` and its pytest configuration: the tests run
    from there, so the tree gets nothing but bytecode in its (ignored) ``__pycache__``;
 3. the code under test: the tree itself (``tree`` mode), or a wheel installed with
-   ``pip install --no-deps --target site/`` (``wheel`` mode, for GPU machines); it goes
+   ``uv pip install --no-deps --target site/`` (pip without uv; ``wheel`` mode, for GPU machines); it goes
    first on PYTHONPATH. This is the only step in which the modes differ;
 4. a preflight import of pytest, its plugins and vllm (a missing package is named);
-5. pytest with pytest-xdist workers (a crashed test fails alone), a per-test timeout, our
-   plugin (markers, progress, hard watchdog) and a JUnit report, from ``cwd/``.
+5. pytest with pytest-xdist workers (a crashed test fails alone) and a per-test timeout,
+   from ``cwd/``, through the one runner (``runner.run_pytest``: our plugin for markers,
+   progress and a hard watchdog, a JUnit report, Ray's sockets in a short path).
 
 The baseline is cached under ``cache_dir()/suite-baselines/<key>.json``, keyed by the
 upstream pin, the environment's recipe, the selection, the run options and the source of
@@ -22,16 +23,11 @@ this module and the plugin (a change to how a side runs invalidates cached basel
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import signal
-import subprocess
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,9 +40,9 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import upstream_repo
+from vllm_overlay.testing import installer, runner, testenv
 from vllm_overlay.testing import plugin as suite_plugin
-from vllm_overlay.testing import testenv
-from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit, parse_junit_file
+from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit
 from vllm_overlay.testing.report import Comparison, RunInfo, RunView, compare, render_text, to_json
 
 DEFAULT_SELECTION = ("tests/v1/kv_connector/unit",)
@@ -54,23 +50,8 @@ DEFAULT_TIMEOUT = 120  # seconds per test; the slowest test at 0.24.0 takes ~7 s
 HARD_TIMEOUT_GRACE = 60  # the watchdog fires this long after the per-test timeout
 DEFAULT_WORKERS = 2
 RUN_LIMIT = 3 * 3600  # a whole pytest run; only a wedged pytest itself gets near it
-PROGRESS_EVERY = 20.0
 FORMAT = 1  # of the cached baseline entry
-PLUGIN_MODULE = "vllm_overlay_suite_plugin"
 PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
-
-# Variables that would make the tests import something other than the code under test.
-_LEAKY = (
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "VIRTUAL_ENV",
-    "PYTEST_ADDOPTS",
-    "PYTEST_PLUGINS",
-    "PYTEST_XDIST_AUTO_NUM_WORKERS",
-    "VLLM_OVERLAY_TREE",
-)
-
 
 # --- environments ------------------------------------------------------------------------
 
@@ -113,7 +94,7 @@ def python_provider(python: Path) -> EnvProvider:
             "import importlib.metadata as m, sys; print(sys.version.split()[0]); "
             "print('\\n'.join(sorted(f'{d.metadata[\"Name\"]}=={d.version}' "
             "for d in m.distributions())))",
-            env=_clean_environ(),
+            env=testenv.clean_environ(),
             hint=f"{python} could not run; pass a working Python interpreter to --python.",
         ).stdout
         digest = util.sha256_bytes(listing.encode())[:16]
@@ -128,16 +109,9 @@ def python_provider(python: Path) -> EnvProvider:
     return provide
 
 
-def _clean_environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _LEAKY}
-
-
 def _plain_environ(scratch: Path, code_root: Path) -> dict[str, str]:
-    env = _clean_environ()
-    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
-    env["TMPDIR"] = os.fspath(scratch / "tmp")  # bytecode stays where it is: see testenv
+    env = testenv.scratch_environ(scratch)  # bytecode stays where it is: see testenv
     env["PYTHONPATH"] = os.fspath(code_root)
-    env["PYTHONNOUSERSITE"] = "1"
     return env
 
 
@@ -237,12 +211,8 @@ class Scratch:
         return self.base / "cwd"
 
     @property
-    def plugin(self) -> Path:
-        return self.base / "plugin"
-
-    @property
-    def out(self) -> Path:  # what the plugin writes
-        return self.base / "out"
+    def files(self) -> runner.RunFiles:  # the JUnit report, the log, the plugin and its output
+        return runner.RunFiles(self.base)
 
     @property
     def site(self) -> Path:  # wheel mode: the installed wheel
@@ -252,17 +222,9 @@ class Scratch:
     def env(self) -> Path:  # TMPDIR and the caches
         return self.base / "env"
 
-    @property
-    def junit(self) -> Path:
-        return self.base / "junit.xml"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "pytest.log"
-
     def make(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)
-        for d in (self.root, self.cwd, self.plugin, self.out, self.env):
+        for d in (self.root, self.cwd, self.env):
             d.mkdir(parents=True)
 
 
@@ -280,47 +242,34 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
     scratch.make()
     config = copy_tests(side.tree, scratch.root)
     code_root = side.tree if side.wheel is None else install_wheel(env, side.wheel, scratch)
-    environ = side_environ(env, scratch, code_root, opts)
+    environ = env.environ(scratch.env, code_root)
     preflight(env, environ, scratch, code_root, opts)
-    cmd = pytest_command(env, side, scratch, config, opts)
-    started = time.monotonic()
-    with _short_ray_tmpdir(environ):
-        rc = _run_with_progress(cmd, environ, scratch, side.name, started)
-    seconds = time.monotonic() - started
-    if rc not in (0, 1) or not scratch.junit.is_file():
+    run = runner.run_pytest(
+        env.python,
+        pytest_args(side, scratch, config, opts),
+        cwd=scratch.cwd,
+        environ=environ,
+        files=scratch.files,
+        label=f"suite: {side.name}",
+        limit=RUN_LIMIT,
+        hard_timeout=opts.timeout + HARD_TIMEOUT_GRACE,
+    )
+    if run.returncode not in (0, 1) or run.junit is None:
         raise SuiteError(
-            f"pytest on the {side.name} tree did not finish (exit code {rc}, "
-            f"{'no' if not scratch.junit.is_file() else 'a'} JUnit report). The end of its "
-            f"log ({scratch.log}):\n{_tail(scratch.log)}\nFix the cause and run it again."
+            f"pytest on the {side.name} tree did not finish (exit code {run.returncode}, "
+            f"{'no' if run.junit is None else 'a'} JUnit report). The end of its "
+            f"log ({run.log}):\n{runner.tail(run.log)}\nFix the cause and run it again."
         )
-    collected_file = scratch.out / suite_plugin.COLLECTED
-    collected = tuple(collected_file.read_text().splitlines()) if collected_file.exists() else ()
     return SideRun(
         name=side.name,
-        results=parse_junit_file(scratch.junit),
-        collected=collected,
-        junit_xml=scratch.junit.read_text(errors="replace"),
-        seconds=seconds,
-        returncode=rc,
-        log=scratch.log,
+        results=run.results,
+        collected=run.collected,
+        junit_xml=run.junit.read_text(errors="replace"),
+        seconds=run.seconds,
+        returncode=run.returncode,
+        log=run.log,
         selection=side.selection,
     )
-
-
-@contextlib.contextmanager
-def _short_ray_tmpdir(environ: dict) -> Iterator[None]:
-    """Point RAY_TMPDIR at a short directory for the run, removed afterwards.
-
-    Ray puts AF_UNIX sockets under ``$RAY_TMPDIR/ray/session_<time>_<pid>/sockets/``, and
-    such a path may not exceed 107 bytes: under a deep work directory every test that starts
-    Ray fails with ``AF_UNIX path length cannot exceed 107 bytes``, on both sides.
-    """
-    path = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
-    environ["RAY_TMPDIR"] = path
-    try:
-        yield
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def copy_tests(tree: Path, root: Path) -> Path:
@@ -357,32 +306,15 @@ def _has_pytest_config(path: Path) -> bool:
 def install_wheel(env: RunEnv, wheel: Path, scratch: Scratch) -> Path:
     """Install the wheel's files (not its dependencies) into ``scratch.site``."""
     util.info(f"suite: installing {wheel.name} into {scratch.site}")
-    util.run(
+    inst = installer.installer()
+    args = ["--quiet", "--no-deps", "--target", os.fspath(scratch.site), os.fspath(wheel)]
+    inst.install(
         env.python,
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--no-deps",
-        "--no-compile",
-        "--disable-pip-version-check",
-        "--target",
-        scratch.site,
-        wheel,
-        env=_clean_environ(),
-        hint=f"pip could not install {wheel} into the test environment ({env.python}).",
+        args if inst.uv else ["--no-compile", *args],
+        inst.env(testenv.clean_environ()),
+        hint=f"{inst.name} could not install {wheel} for the test environment ({env.python}).",
     )
     return scratch.site
-
-
-def side_environ(env: RunEnv, scratch: Scratch, code_root: Path, opts: RunOptions) -> dict:
-    environ = env.environ(scratch.env, code_root)
-    shutil.copyfile(suite_plugin.__file__, scratch.plugin / f"{PLUGIN_MODULE}.py")
-    environ["PYTHONPATH"] = os.pathsep.join([os.fspath(scratch.plugin), environ["PYTHONPATH"]])
-    environ[suite_plugin.DIR_ENV] = os.fspath(scratch.out)
-    environ[suite_plugin.HARD_TIMEOUT_ENV] = str(opts.timeout + HARD_TIMEOUT_GRACE)
-    environ["PYTHONUNBUFFERED"] = "1"
-    return environ
 
 
 _PREFLIGHT = """\
@@ -444,128 +376,23 @@ def _preflight_message(env: RunEnv, doc: dict) -> str:
     )
 
 
-def pytest_command(
-    env: RunEnv, side: Side, scratch: Scratch, config: Path, opts: RunOptions
-) -> list[str]:
-    cmd = [
-        os.fspath(env.python),
-        "-m",
-        "pytest",
+def pytest_args(side: Side, scratch: Scratch, config: Path, opts: RunOptions) -> list[str]:
+    """The suite's own pytest arguments (the runner adds the plugin and the JUnit report)."""
+    args = [
         *(os.fspath(scratch.root / e) for e in side.selection),
         "-c",
         os.fspath(config),
         "--rootdir",
         os.fspath(scratch.root),
-        "-p",
-        PLUGIN_MODULE,
-        "-p",
-        "no:cacheprovider",
-        "--junitxml",
-        os.fspath(scratch.junit),
-        "-o",
-        "junit_family=xunit1",
-        "-o",
-        "junit_logging=all",
-        "-o",
-        "junit_log_passing_tests=false",
         "--continue-on-collection-errors",
         "--timeout",
         str(opts.timeout),
         "--timeout-method",
         "signal",
-        "-q",
-        "-rfE",
-        "--color=no",
     ]
     if opts.workers:
-        cmd += ["-n", str(opts.workers)]
-    return cmd
-
-
-def _run_with_progress(
-    cmd: list[str], environ: dict, scratch: Scratch, label: str, started: float
-) -> int:
-    util.info(f"suite: running the {label} tree's tests (log: {scratch.log})")
-    with open(scratch.log, "wb") as log, _process_group(cmd, environ, scratch.cwd, log) as proc:
-        last = ""
-        next_report = started + PROGRESS_EVERY
-        while True:
-            try:
-                return proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if now - started > RUN_LIMIT:
-                raise SuiteError(
-                    f"pytest on the {label} tree ran longer than {RUN_LIMIT // 60} min and was "
-                    f"stopped. Its log: {scratch.log}."
-                )
-            if now >= next_report:
-                next_report = now + PROGRESS_EVERY
-                line = progress_line(label, scratch.out / suite_plugin.PROGRESS, now - started)
-                if line != last:
-                    util.info(line)
-                    last = line
-
-
-@contextlib.contextmanager
-def _process_group(
-    cmd: list[str], environ: dict, cwd: Path, log: object
-) -> Iterator[subprocess.Popen[bytes]]:
-    """pytest and its workers in their own process group, all stopped if we stop early."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=environ,
-        stdin=subprocess.DEVNULL,
-        stdout=log,  # type: ignore[arg-type]
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def progress_line(label: str, progress_file: Path, elapsed: float) -> str:
-    try:
-        doc = json.loads(progress_file.read_text())
-    except (OSError, json.JSONDecodeError):
-        return f"suite: {label}: collecting tests ({_duration(elapsed)})"
-    total, done, counts = doc.get("total"), doc.get("done", 0), doc.get("counts", {})
-    parts = ", ".join(
-        f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped") if counts.get(k)
-    )
-    return (
-        f"suite: {label}: {done}/{total or '?'} tests ({parts or 'starting'}), {_duration(elapsed)}"
-    )
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min"
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return "    (no log)"
-    return "\n".join("    " + line for line in text.splitlines()[-lines:])
+        args += ["-n", str(opts.workers)]
+    return args
 
 
 # --- the baseline cache ------------------------------------------------------------------
@@ -598,9 +425,10 @@ def baseline_key(
 
 
 def _runner_digest() -> str:
-    """This module and the plugin: a change to how a side runs invalidates baselines."""
+    """This module, the runner and the plugin: a change to how a side runs invalidates
+    baselines."""
     h = hashlib.sha256()
-    for path in (__file__, suite_plugin.__file__):
+    for path in (__file__, runner.__file__, suite_plugin.__file__):
         h.update(Path(path).read_bytes())
     return h.hexdigest()[:16]
 
