@@ -9,6 +9,8 @@ OUT    ?= dist
 INDEX  ?=
 TO     ?=
 PYTEST_ARGS ?=
+# uv (bootstrapped into the venv with pip, then installing the rest) or pip alone.
+INSTALLER ?= uv
 
 .PHONY: help venv build-wheel test test-unit test-upstream lint apply fetch edit export \
         check-overlay status publish rebase bench clean
@@ -26,7 +28,14 @@ help:
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+ifeq ($(INSTALLER),uv)
+	$(VENV)/bin/python -m pip install -q -c constraints.txt uv
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -c constraints.txt \
+	    $$(PYTHONPATH=tools $(VENV)/bin/python -m vllm_overlay.testing.installer) -e '.[test]' \
+	  || $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+else
 	$(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+endif
 	touch $@
 
 venv: $(STAMP)

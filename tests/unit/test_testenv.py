@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tomllib
 from pathlib import Path
 
@@ -265,6 +266,83 @@ def test_a_second_builder_waits_then_gives_up(tmp_path, monkeypatch, capsys):
     )
     assert not calls
     assert testenv.ensure_testenv(tree).path.is_dir() and len(calls) == 1  # free again: built
+
+
+# ---- pinned by constraints, built with uv -------------------------------------------------
+
+
+def released_tree(root: Path, version: str = "9.9.9") -> Path:
+    tree = make_tree(root)
+    (tree / "PKG-INFO").write_text(f"Metadata-Version: 2.4\nName: vLLM\nVersion: {version}\n")
+    return tree
+
+
+def test_the_recipe_pins_the_set_in_the_projects_constraints_file(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    monkeypatch.setenv("VLLM_OVERLAY_PROJECT", str(project))
+    tree = released_tree(tmp_path / "tree")
+    free = testenv.recipe(tree)
+    assert (free.upstream, free.constraints_file, free.constraints) == ("vllm 9.9.9", "", "")
+    pins = project / "constraints" / "testenv-vllm-9.9.9.txt"
+    pins.parent.mkdir(parents=True)
+    pins.write_text("numpy==2.3.5\n")
+    pinned = testenv.recipe(tree)
+    assert pinned.constraints_file == "constraints/testenv-vllm-9.9.9.txt"
+    assert pinned.constraints == "numpy==2.3.5\n" and pinned.hash != free.hash
+    pins.write_text("numpy==2.3.4\n")
+    assert testenv.recipe(tree).hash not in (free.hash, pinned.hash)  # the content counts
+    assert testenv.recipe(tree, pinned=False).hash == free.hash
+    args = pinned.install_args(tmp_path / "plugin", tmp_path / "req.txt", pins)
+    assert args[:2] == ["-c", str(pins)]
+    assert testenv.recipe(make_tree(tmp_path / "no-release")).upstream == ""
+
+
+def test_freeze_writes_sorted_pins_without_the_generated_plugin(tmp_path):
+    env = an_env(tmp_path)
+    env.path.mkdir()
+    (env.path / testenv.FREEZE).write_text(
+        "torch==2.13.0+cpu\nNumPy==2.3.5\n"
+        f"{testenv.PLUGIN_DIST} @ file:///tmp/src/{testenv.PLUGIN_DIST}\naiohttp==3.13.3\n"
+    )
+    text = testenv.freeze_constraints(env, testenv.recipe(released_tree(tmp_path / "t")))
+    assert text.startswith("# The CPU test environment of vllm 9.9.9")
+    pins = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert pins == ["aiohttp==3.13.3", "NumPy==2.3.5", "torch==2.13.0+cpu"]
+
+
+@pytest.mark.parametrize("kind", ["uv", "pip"])
+def test_the_installer_reads_pips_indexes_and_installs_the_pinned_version(
+    kind, tmp_path, monkeypatch
+):
+    """A real venv and install, offline: pip's index and find-links, a constraint."""
+    from fixtures_publish import make_wheel
+    from vllm_overlay.testing import installer
+
+    links = tmp_path / "links"
+    links.mkdir()
+    for version in ("1.0", "2.0"):
+        make_wheel(links, name="alpha", version=version)
+    simple = tmp_path / "simple"
+    simple.mkdir()
+    (simple / "index.html").write_text("<!DOCTYPE html><html><body></body></html>\n")
+    monkeypatch.setenv("PIP_INDEX_URL", simple.as_uri())
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
+    if kind == "pip":
+        monkeypatch.setenv(installer.INSTALLER_ENV, "pip")
+    inst = installer.installer()
+    assert inst.name == kind  # uv is a dependency of the tool: it is there
+    argv = inst.install_command("python")
+    if kind == "uv":
+        assert argv[argv.index("--index-url") + 1] == simple.as_uri()
+        assert argv[argv.index("--find-links") + 1] == str(links)
+    env = inst.env(testenv.clean_environ())
+    python = inst.venv(sys.executable, tmp_path / "venv", env)
+    (tmp_path / "pins.txt").write_text("alpha==1.0\n")
+    inst.install(python, ["-c", str(tmp_path / "pins.txt"), "alpha"], env, hint="")
+    assert "alpha==1.0" in inst.freeze(python, env).splitlines()
 
 
 # ---- the command --------------------------------------------------------------------------

@@ -129,3 +129,12 @@ def uv_index_args() -> list[str]:
     for link in _pip_setting("find-links").split():
         args += ["--find-links", link]
     return args
+
+
+def main() -> None:
+    """Print pip's indexes as uv options, one per line (the Makefile bootstraps with them)."""
+    print("\n".join(["--index-strategy", "unsafe-best-match", *uv_index_args()]))
+
+
+if __name__ == "__main__":
+    main()
