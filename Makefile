@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 INSTALLER ?= uv
 
 .PHONY: help venv build-wheel test test-unit test-upstream lint apply fetch edit export \
-        check-overlay status publish rebase bench clean
+        check-overlay status publish rebase bench bench-coldstart clean
 
 help:
 	@echo "make build-wheel    build dist/vllm-<release>+<overlay>-….whl (strategy auto) and verify it"
@@ -25,6 +25,7 @@ help:
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
 	@echo "make bench          repack benchmark on the real wheel"
+	@echo "make bench-coldstart [BENCH_ARGS=--phases=…]  cold start on a fresh clone: pip vs uv"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +87,10 @@ rebase: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_repack.py
+
+# Fresh clone, empty caches, pip beside uv; minutes per phase (see --help for --phases).
+bench-coldstart: $(STAMP)
+	$(VENV)/bin/python bench/bench_coldstart.py $(BENCH_ARGS)
 
 clean:
 	rm -rf .work $(OUT)

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXED_CONNECTOR_SNIPPET
 from synthetic import ADDED_TEST, CONNECTOR, release_files
+from vllm_overlay import util
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.testing import causes, proving, runner, suite, testenv
+from vllm_overlay.testing import baseline, causes, proving, runner, suite, testenv
 from vllm_overlay.testing import plugin as suite_plugin
+from vllm_overlay.testing import side as sides
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit
 from vllm_overlay.testing.report import RunInfo, RunView, compare, render_text, to_json
 
@@ -310,17 +312,17 @@ def test_selection_paths_must_exist_in_the_tree(tmp_path):
             suite.check_selection(tmp_path, (bad,))
 
 
-def _key(**over) -> suite.BaselineKey:
-    env = suite.RunEnv(Path(sys.executable), "recipe-1", "env", lambda s, c: {})
+def _key(**over) -> baseline.BaselineKey:
+    env = sides.RunEnv(Path(sys.executable), "recipe-1", "env", lambda s, c: {})
     args = {"upstream": {"commit": "c" * 40}, "code": "tree", "env": env, "selection": (UNIT,)}
     args.update(over)
-    return suite.baseline_key(
-        args["upstream"], args["code"], args["env"], args["selection"], suite.RunOptions()
+    return baseline.baseline_key(
+        args["upstream"], args["code"], args["env"], args["selection"], sides.RunOptions()
     )
 
 
 def test_baseline_key_changes_with_each_input():
-    other_env = suite.RunEnv(Path(sys.executable), "recipe-2", "env", lambda s, c: {})
+    other_env = sides.RunEnv(Path(sys.executable), "recipe-2", "env", lambda s, c: {})
     digests = {
         _key().digest,
         _key(upstream={"commit": "d" * 40}).digest,
@@ -334,8 +336,8 @@ def test_baseline_key_changes_with_each_input():
 
 def test_baseline_cache_round_trip_and_corruption():
     key = _key()
-    assert suite.load_baseline(key) is None
-    run = suite.SideRun(
+    assert baseline.load_baseline(key) is None
+    run = sides.SideRun(
         "baseline",
         parse_junit(JUNIT_XUNIT1),
         ("tests/v1/unit/test_a.py::test_ok", "tests/v1/unit/test_a.py::test_never"),
@@ -343,8 +345,8 @@ def test_baseline_cache_round_trip_and_corruption():
         seconds=12.3,
         returncode=1,
     )
-    path = suite.store_baseline(key, run)
-    loaded = suite.load_baseline(key)
+    path = baseline.store_baseline(key, run)
+    loaded = baseline.load_baseline(key)
     assert loaded is not None and loaded.cached
     assert loaded.results == run.results and loaded.collected == run.collected
     assert loaded.not_run == ("tests/v1/unit/test_a.py::test_never",)
@@ -359,8 +361,8 @@ def test_baseline_cache_round_trip_and_corruption():
     }
     for what, text in corruptions.items():
         path.write_text(text)
-        with pytest.raises(suite.CorruptBaseline, match="is corrupt"):
-            suite.load_baseline(key)
+        with pytest.raises(baseline.CorruptBaseline, match="is corrupt"):
+            baseline.load_baseline(key)
         assert what
 
 
@@ -378,23 +380,23 @@ def test_copy_tests_uses_the_tree_pytest_config_or_an_empty_one(tmp_path):
     (tree / "tests").mkdir(parents=True)
     (tree / "tests" / "test_a.py").write_text("")
     (tree / "pyproject.toml").write_text("[project]\nname = 'x'\n")
-    assert suite.copy_tests(tree, tmp_path / "r1") == tmp_path / "r1" / "pytest.ini"
+    assert sides.copy_tests(tree, tmp_path / "r1") == tmp_path / "r1" / "pytest.ini"
     (tree / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['cpu_test']\n")
-    assert suite.copy_tests(tree, tmp_path / "r2") == tmp_path / "r2" / "pyproject.toml"
+    assert sides.copy_tests(tree, tmp_path / "r2") == tmp_path / "r2" / "pyproject.toml"
     assert (tmp_path / "r2" / "tests" / "test_a.py").is_file()
     with pytest.raises(UsageError, match="no tests/ directory"):
-        suite.copy_tests(tmp_path / "r2" / "tests", tmp_path / "r3")
+        sides.copy_tests(tmp_path / "r2" / "tests", tmp_path / "r3")
 
 
 # --- a side's environment: what the preflight says ---------------------------------------
 
 
-def _env() -> suite.RunEnv:
-    return suite.python_provider(Path(sys.executable))(Path("."))
+def _env() -> sides.RunEnv:
+    return sides.python_provider(Path(sys.executable))(Path("."))
 
 
-def _side(tree: Path, tmp_path: Path, selection=(UNIT,)) -> tuple[suite.Side, suite.Scratch]:
-    return suite.Side("patched", tree, selection), suite.Scratch(tmp_path / "run")
+def _side(tree: Path, tmp_path: Path, selection=(UNIT,)) -> tuple[sides.Side, sides.Scratch]:
+    return sides.Side("patched", tree, selection), sides.Scratch(tmp_path / "run")
 
 
 def _tree(tmp_path: Path, vllm_init: str | None) -> Path:
@@ -410,13 +412,13 @@ def _tree(tmp_path: Path, vllm_init: str | None) -> Path:
 def test_environment_without_vllm_is_named(tmp_path):
     side, scratch = _side(_tree(tmp_path, None), tmp_path)
     with pytest.raises(SuiteError, match="cannot import vllm: ModuleNotFoundError.*Missing: vllm"):
-        suite.run_side(side, _env(), scratch, suite.RunOptions(workers=0))
+        sides.run_side(side, _env(), scratch, sides.RunOptions(workers=0))
 
 
 def test_environment_missing_a_vllm_dependency_names_it(tmp_path):
     side, scratch = _side(_tree(tmp_path, "import torch_not_installed_here\n"), tmp_path)
     with pytest.raises(SuiteError, match="Missing: torch_not_installed_here"):
-        suite.run_side(side, _env(), scratch, suite.RunOptions(workers=0))
+        sides.run_side(side, _env(), scratch, sides.RunOptions(workers=0))
 
 
 def test_environment_without_xdist_says_what_to_do(tmp_path, monkeypatch):
@@ -425,14 +427,14 @@ def test_environment_without_xdist_says_what_to_do(tmp_path, monkeypatch):
     blocker.mkdir()
     (blocker / "xdist.py").write_text("raise ImportError('blocked', name='xdist')\n")
     plain = _env()
-    env = suite.RunEnv(
+    env = sides.RunEnv(
         plain.python,
         plain.recipe,
         plain.description,
         lambda s, c: {**plain.environ(s, c), "PYTHONPATH": f"{blocker}:{c}"},
     )
     with pytest.raises(SuiteError, match="cannot import xdist.*pass --workers 0"):
-        suite.run_side(side, env, scratch, suite.RunOptions(workers=2))
+        sides.run_side(side, env, scratch, sides.RunOptions(workers=2))
 
 
 # --- end to end on the synthetic upstream ------------------------------------------------
@@ -485,7 +487,7 @@ def test_suite_compares_patched_with_pristine_and_caches_the_baseline(project, c
     assert (junit / "baseline.xml").read_text() == base
 
     # A corrupt cached baseline is rebuilt, and the run says so.
-    entries = list((suite.util.cache_dir() / "suite-baselines").glob("*.json"))
+    entries = list((util.cache_dir() / "suite-baselines").glob("*.json"))
     assert len(entries) == 1
     entries[0].write_text('{"format": 1, "junit": "<testsu')
     res = suite_cli(cli, project, "--junit", junit)
@@ -544,7 +546,7 @@ def test_after():
 
 
 def test_crashing_and_hanging_tests_fail_alone(project, cli, tmp_path, monkeypatch):
-    monkeypatch.setattr(suite, "HARD_TIMEOUT_GRACE", 1)
+    monkeypatch.setattr(sides, "HARD_TIMEOUT_GRACE", 1)
     co = tmp_path / "co"
     assert (
         cli("apply", "--checkout", co, "--index-url", project.index.url, cwd=project.root).rc == 0
@@ -695,7 +697,7 @@ def test_the_suite_and_proofs_give_ray_a_short_directory(tmp_path):
     for environ in (
         testenv.scratch_environ(deep),
         proving.PythonRunner().command(tmp_path, deep)[1],
-        suite._plain_environ(deep, tmp_path),
+        sides._plain_environ(deep, tmp_path),
     ):
         ray = environ["RAY_TMPDIR"]
         assert len(ray) + len(testenv.RAY_SOCKET_SUFFIX) <= testenv.SOCKET_PATH_MAX, ray
