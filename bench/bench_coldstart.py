@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 from vllm_overlay import util  # noqa: E402
-from vllm_overlay.testing.testenv import clean_environ  # noqa: E402
+from vllm_overlay.testing.childenv import clean_environ  # noqa: E402
 
 PHASES = ("venv", "testenv", "unit", "integration", "warm")
 DEFAULT_PHASES = ("venv", "testenv")

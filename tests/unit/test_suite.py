@@ -15,7 +15,7 @@ from conftest import FIXED_CONNECTOR_SNIPPET
 from synthetic import ADDED_TEST, CONNECTOR, release_files
 from vllm_overlay import util
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.testing import baseline, causes, proving, runner, suite, testenv
+from vllm_overlay.testing import baseline, causes, childenv, proving, runner, suite
 from vllm_overlay.testing import plugin as suite_plugin
 from vllm_overlay.testing import side as sides
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit
@@ -658,9 +658,9 @@ def test_a_proof_reads_outcomes_from_junit_and_ray_gets_a_short_socket_path(tmp_
     assert run.summary.startswith("1 passed, 1 failed, 1 skipped in ")
     assert "1 failed, 1 passed, 1 skipped" in log.read_text()  # the whole output
     # Under the work directory, as before, the socket path would be too long to bind.
-    too_deep = len(str((deep / "work" / "tmp").resolve()) + testenv.RAY_SOCKET_SUFFIX)
-    assert too_deep > testenv.SOCKET_PATH_MAX
-    assert not list(Path("/tmp").glob(f"{testenv.RAY_PREFIX}*{_digest(deep / 'work')}"))
+    too_deep = len(str((deep / "work" / "tmp").resolve()) + childenv.RAY_SOCKET_SUFFIX)
+    assert too_deep > childenv.SOCKET_PATH_MAX
+    assert not list(Path("/tmp").glob(f"{childenv.RAY_PREFIX}*{_digest(deep / 'work')}"))
 
 
 def _digest(path: Path) -> str:
@@ -695,10 +695,10 @@ def test_a_proof_that_passes_is_ok_and_one_that_collects_nothing_is_not(tmp_path
 def test_the_suite_and_proofs_give_ray_a_short_directory(tmp_path):
     deep = tmp_path / ("x" * 80) / ("y" * 80)
     for environ in (
-        testenv.scratch_environ(deep),
+        childenv.scratch_environ(deep),
         proving.PythonRunner().command(tmp_path, deep)[1],
         sides._plain_environ(deep, tmp_path),
     ):
         ray = environ["RAY_TMPDIR"]
-        assert len(ray) + len(testenv.RAY_SOCKET_SUFFIX) <= testenv.SOCKET_PATH_MAX, ray
+        assert len(ray) + len(childenv.RAY_SOCKET_SUFFIX) <= childenv.SOCKET_PATH_MAX, ray
         assert Path(environ["TMPDIR"]).is_relative_to(deep.resolve())

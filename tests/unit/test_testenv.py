@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from vllm_overlay import util
 from vllm_overlay.errors import BusyError, OverlayError
-from vllm_overlay.testing import testenv
+from vllm_overlay.testing import childenv, testenv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,8 +161,8 @@ def test_environ_keeps_temporary_files_inside_the_workdir(tmp_path):
         assert path.is_dir(), key
     # Ray's sockets live under RAY_TMPDIR and their paths may not exceed 107 bytes.
     ray = environ["RAY_TMPDIR"]
-    assert Path(ray).is_dir() and Path(ray).name.startswith(testenv.RAY_PREFIX)
-    assert len(ray) + len(testenv.RAY_SOCKET_SUFFIX) <= testenv.SOCKET_PATH_MAX
+    assert Path(ray).is_dir() and Path(ray).name.startswith(childenv.RAY_PREFIX)
+    assert len(ray) + len(childenv.RAY_SOCKET_SUFFIX) <= childenv.SOCKET_PATH_MAX
 
 
 def test_environ_runs_vllm_from_the_tree_offline_on_cpu(tmp_path):
@@ -338,7 +338,7 @@ def test_the_installer_reads_pips_indexes_and_installs_the_pinned_version(
     if kind == "uv":
         assert argv[argv.index("--index-url") + 1] == simple.as_uri()
         assert argv[argv.index("--find-links") + 1] == str(links)
-    env = inst.env(testenv.clean_environ())
+    env = inst.env(childenv.clean_environ())
     python = inst.venv(sys.executable, tmp_path / "venv", env)
     (tmp_path / "pins.txt").write_text("alpha==1.0\n")
     inst.install(python, ["-c", str(tmp_path / "pins.txt"), "alpha"], env, hint="")

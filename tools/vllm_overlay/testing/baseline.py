@@ -15,8 +15,8 @@ from pathlib import Path
 
 from vllm_overlay import util
 from vllm_overlay.errors import SuiteError
+from vllm_overlay.testing import childenv, runner, side
 from vllm_overlay.testing import plugin as suite_plugin
-from vllm_overlay.testing import runner, side
 from vllm_overlay.testing.junit import JunitError, parse_junit
 from vllm_overlay.testing.side import RunEnv, RunOptions, SideRun
 
@@ -52,7 +52,7 @@ def baseline_key(
 def _runner_digest() -> str:
     """How a side runs (side, runner, plugin): a change there invalidates baselines."""
     h = hashlib.sha256()
-    for path in (side.__file__, runner.__file__, suite_plugin.__file__):
+    for path in (side.__file__, runner.__file__, childenv.__file__, suite_plugin.__file__):
         h.update(Path(path).read_bytes())
     return h.hexdigest()[:16]
 

@@ -25,7 +25,7 @@ from vllm_overlay.errors import OverlayError
 from vllm_overlay.gitrepo import git
 from vllm_overlay.overlay.model import safe_join
 from vllm_overlay.testing import runner as pytest_runner
-from vllm_overlay.testing.testenv import scratch_environ
+from vllm_overlay.testing.childenv import scratch_environ
 from vllm_overlay.util import atomic_write_bytes, info
 
 TIMEOUT_S = 3600.0

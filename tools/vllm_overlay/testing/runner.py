@@ -8,7 +8,7 @@ workers are all stopped if we stop early), with:
 - a JUnit report (``junit_family=xunit1``, so test ids are rebuilt exactly), read back into
   one ``TestResult`` per test: outcomes come from the report, never from pytest's text;
 - Ray's session directory in a short path (AF_UNIX socket paths may not exceed 107 bytes;
-  see ``testenv.ray_tmpdir``), removed afterwards;
+  see ``childenv.ray_tmpdir``), removed afterwards;
 - the whole output in a log file and a progress line every ``PROGRESS_EVERY`` seconds.
 
 A failing test is a result, not an exception; what a missing report means is the caller's.
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from vllm_overlay import util
 from vllm_overlay.errors import SuiteError
+from vllm_overlay.testing import childenv
 from vllm_overlay.testing import plugin as suite_plugin
-from vllm_overlay.testing import testenv
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit_file
 
 PLUGIN_MODULE = "vllm_overlay_suite_plugin"
@@ -140,14 +140,14 @@ def run_pytest(
 def _short_ray_tmpdir(environ: dict[str, str], cwd: Path) -> Iterator[None]:
     """Keep (or make) RAY_TMPDIR short enough for Ray's socket paths; remove it after."""
     current = environ.get("RAY_TMPDIR", "")
-    if not current or len(current) + len(testenv.RAY_SOCKET_SUFFIX) > testenv.SOCKET_PATH_MAX:
-        environ["RAY_TMPDIR"] = os.fspath(testenv.ray_tmpdir(cwd))
+    if not current or len(current) + len(childenv.RAY_SOCKET_SUFFIX) > childenv.SOCKET_PATH_MAX:
+        environ["RAY_TMPDIR"] = os.fspath(childenv.ray_tmpdir(cwd))
     path = Path(environ["RAY_TMPDIR"])
     path.mkdir(parents=True, exist_ok=True)
     try:
         yield
     finally:
-        if path.name.startswith(testenv.RAY_PREFIX):
+        if path.name.startswith(childenv.RAY_PREFIX):
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from vllm_overlay import util
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.testing import installer, runner, testenv
+from vllm_overlay.testing import childenv, installer, runner, testenv
 from vllm_overlay.testing.junit import TestResult
 
 DEFAULT_TIMEOUT = 120  # seconds per test; the slowest test at 0.24.0 takes ~7 s here
@@ -75,7 +75,7 @@ def python_provider(python: Path) -> EnvProvider:
             "import importlib.metadata as m, sys; print(sys.version.split()[0]); "
             "print('\\n'.join(sorted(f'{d.metadata[\"Name\"]}=={d.version}' "
             "for d in m.distributions())))",
-            env=testenv.clean_environ(),
+            env=childenv.clean_environ(),
             hint=f"{python} could not run; pass a working Python interpreter to --python.",
         ).stdout
         digest = util.sha256_bytes(listing.encode())[:16]
@@ -91,7 +91,7 @@ def python_provider(python: Path) -> EnvProvider:
 
 
 def _plain_environ(scratch: Path, code_root: Path) -> dict[str, str]:
-    env = testenv.scratch_environ(scratch)  # bytecode stays where it is: see testenv
+    env = childenv.scratch_environ(scratch)  # bytecode stays where it is: see testenv
     env["PYTHONPATH"] = os.fspath(code_root)
     return env
 
@@ -250,7 +250,7 @@ def install_wheel(env: RunEnv, wheel: Path, scratch: Scratch) -> Path:
     inst.install(
         env.python,
         args if inst.uv else ["--no-compile", *args],
-        inst.env(testenv.clean_environ()),
+        inst.env(childenv.clean_environ()),
         hint=f"{inst.name} could not install {wheel} for the test environment ({env.python}).",
     )
     return scratch.site
