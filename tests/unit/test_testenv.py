@@ -224,7 +224,7 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(testenv, "_build", failing_build)
     with pytest.raises(OverlayError, match="pip failed"):
         testenv.ensure_testenv(tree)
-    assert sorted(p.name for p in testenv.root().iterdir()) == [".lock"]
+    assert sorted(p.name for p in testenv.root().iterdir()) == ["locks"]
 
 
 def test_an_unfinished_environment_is_rebuilt(tmp_path, monkeypatch):
@@ -249,7 +249,7 @@ def test_rebuild_replaces_a_complete_environment(tmp_path, monkeypatch):
     again = testenv.ensure_testenv(tree, rebuild=True)
     assert again.path == env.path and len(calls) == 2
     assert not (env.path / "old-file").exists()
-    assert sorted(p.name for p in testenv.root().iterdir()) == [".lock", env.path.name]
+    assert sorted(p.name for p in testenv.root().iterdir()) == [env.path.name, "locks"]
 
 
 def test_a_second_builder_waits_then_gives_up(tmp_path, monkeypatch, capsys):
@@ -257,15 +257,16 @@ def test_a_second_builder_waits_then_gives_up(tmp_path, monkeypatch, capsys):
     calls: list[str] = []
     monkeypatch.setattr(testenv, "_build", fake_build(calls))
     monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", "0.3")
-    with util.exclusive_lock(testenv.root() / ".lock", "test"):
+    with util.exclusive_lock(testenv.lock_path(testenv.recipe(tree)), "test"):
         with pytest.raises(BusyError, match="another vllm-overlay process") as e:
             testenv.ensure_testenv(tree)
     assert f"held by pid {os.getpid()}" in str(e.value) and "after waiting 0.3 s" in str(e.value)
-    assert (
-        f"waiting for the test environments, held by pid {os.getpid()}" in capsys.readouterr().err
-    )
+    waiting = f"waiting for the test environment {testenv.recipe(tree).hash}, held by pid"
+    assert f"{waiting} {os.getpid()}" in capsys.readouterr().err
     assert not calls
-    assert testenv.ensure_testenv(tree).path.is_dir() and len(calls) == 1  # free again: built
+    other = make_tree(tmp_path / "other", COMMON + "einops\n")
+    assert testenv.ensure_testenv(other).path.is_dir()  # another recipe does not wait
+    assert testenv.ensure_testenv(tree).path.is_dir() and len(calls) == 2  # free again: built
 
 
 # ---- pinned by constraints, built with uv -------------------------------------------------

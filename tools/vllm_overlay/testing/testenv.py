@@ -325,6 +325,11 @@ def root() -> Path:
     return util.cache_dir() / "testenv"
 
 
+def lock_path(rec: Recipe) -> Path:
+    """One lock per recipe: builds of different environments do not wait for each other."""
+    return root() / "locks" / f"{rec.hash}.lock"
+
+
 def load(path: Path) -> TestEnv | None:
     """The complete environment at ``path``, or None when absent or unfinished."""
     try:
@@ -352,12 +357,12 @@ def ensure_testenv(tree: Path, *, rebuild: bool = False, pinned: bool = True) ->
         existing = load(final)
         if existing is not None:
             return existing
-    with util.exclusive_lock(root() / ".lock", "the test environments"):
+    with util.exclusive_lock(lock_path(rec), f"the test environment {rec.hash}"):
         if not rebuild:
             existing = load(final)  # another process may have finished it meanwhile
             if existing is not None:
                 return existing
-        for stale in root().glob(f"{rec.hash}.*"):
+        for stale in [*root().glob(f"{rec.hash}.build-*"), root() / f"{rec.hash}.old"]:
             shutil.rmtree(stale, ignore_errors=True)  # left by a killed build
         staging = Path(tempfile.mkdtemp(prefix=f"{rec.hash}.build-", dir=root()))
         try:
