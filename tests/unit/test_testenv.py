@@ -336,10 +336,10 @@ def test_the_installer_reads_pips_indexes_and_installs_the_pinned_version(
     inst = installer.installer()
     assert inst.name == kind  # uv is a dependency of the tool: it is there
     argv = inst.install_command("python")
-    if kind == "uv":
-        assert argv[argv.index("--index-url") + 1] == simple.as_uri()
-        assert argv[argv.index("--find-links") + 1] == str(links)
     env = inst.env(childenv.clean_environ())
+    if kind == "uv":
+        assert env["UV_INDEX_URL"] == simple.as_uri()  # pip's index, not in the argv
+        assert argv[argv.index("--find-links") + 1] == str(links)
     python = inst.venv(sys.executable, tmp_path / "venv", env)
     (tmp_path / "pins.txt").write_text("alpha==1.0\n")
     inst.install(python, ["-c", str(tmp_path / "pins.txt"), "alpha"], env, hint="")

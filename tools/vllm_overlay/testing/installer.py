@@ -5,9 +5,11 @@ environment several times faster than pip: it downloads in parallel, resolves wi
 building metadata, and links files from its cache instead of copying them. Where uv is
 missing (a tool installed without its dependencies), the same steps run with pip.
 
-uv does not read pip's configuration, so the indexes pip is configured with (index-url,
-extra-index-url, find-links, cert) are passed to it, and it takes the best match across all
-of them as pip does (``--index-strategy unsafe-best-match``).
+uv does not read pip's configuration, so what pip is configured with is passed on: the
+index-url and extra-index-urls as ``UV_INDEX_URL``/``UV_EXTRA_INDEX_URL`` (in the
+environment, so credentials in them never reach a command line or an error message),
+find-links as ``--find-links``, the cert as ``SSL_CERT_FILE``; it takes the best match
+across all indexes as pip does (``--index-strategy unsafe-best-match``).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class Installer:
                 os.fspath(python),
                 "--index-strategy",
                 "unsafe-best-match",
-                *uv_index_args(),
+                *_find_links_args(),
             ]
         return [os.fspath(python), "-m", "pip", "install", "--progress-bar", "off"]
 
@@ -93,6 +95,7 @@ class Installer:
         env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
         env["PYTHONNOUSERSITE"] = "1"
         if self.uv:
+            env.update(uv_index_env())  # in the environment: no credentials in any argv
             cert = _pip_setting("cert")
             if cert and "SSL_CERT_FILE" not in env:
                 env["SSL_CERT_FILE"] = cert  # uv reads the CA bundle pip is told to use
@@ -118,17 +121,31 @@ def _pip_setting(key: str) -> str:
     return ""
 
 
-def uv_index_args() -> list[str]:
-    """pip's indexes and find-links, as uv options (uv does not read pip's configuration)."""
+def uv_index_env() -> dict[str, str]:
+    """pip's indexes as uv's variables (uv does not read pip's configuration)."""
     from vllm_overlay.index.client import configured_index_urls
 
     primary, *extras = configured_index_urls()
-    args = ["--index-url", primary]
-    for url in extras:
-        args += ["--extra-index-url", url]
+    env = {"UV_INDEX_URL": primary}
+    if extras:
+        env["UV_EXTRA_INDEX_URL"] = " ".join(extras)
+    return env
+
+
+def _find_links_args() -> list[str]:
+    args = []
     for link in _pip_setting("find-links").split():
         args += ["--find-links", link]
     return args
+
+
+def uv_index_args() -> list[str]:
+    """pip's indexes and find-links as uv options."""
+    env = uv_index_env()
+    args = ["--index-url", env["UV_INDEX_URL"]]
+    for url in env.get("UV_EXTRA_INDEX_URL", "").split():
+        args += ["--extra-index-url", url]
+    return args + _find_links_args()
 
 
 def main() -> None:
