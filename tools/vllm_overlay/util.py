@@ -150,7 +150,8 @@ def exclusive_lock(
 ) -> Iterator[None]:
     """Hold an exclusive flock on ``lock_path`` (created if missing), waiting for it.
 
-    The holder's pid is written into the lock file. A second process says once that it is
+    The holder's pid is written into the lock file while it holds it (emptied again, with
+    its old times, on release). A second process says once that it is
     "waiting for <what>, held by pid N" and waits up to ``timeout`` seconds (default:
     ``lock_timeout()``), then gives up with ``BusyError``; it never races on the same files.
     """
@@ -184,9 +185,15 @@ def exclusive_lock(
                 )
                 said = True
             time.sleep(min(_LOCK_POLL, left))
+        before = os.fstat(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        try:
+            yield
+        finally:
+            # Released, the lock file is as it was (empty, same times): a no-op leaves no trace.
+            os.ftruncate(fd, 0)
+            os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
     finally:
         os.close(fd)
 
