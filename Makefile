@@ -9,9 +9,11 @@ OUT    ?= dist
 INDEX  ?=
 TO     ?=
 PYTEST_ARGS ?=
+# uv (bootstrapped into the venv with pip, then installing the rest) or pip alone.
+INSTALLER ?= uv
 
 .PHONY: help venv build-wheel test test-unit test-upstream lint apply fetch edit export \
-        check-overlay status publish rebase bench clean
+        check-overlay status publish rebase bench bench-coldstart clean
 
 help:
 	@echo "make build-wheel    build dist/vllm-<release>+<overlay>-….whl (strategy auto) and verify it"
@@ -23,10 +25,18 @@ help:
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
 	@echo "make bench          repack benchmark on the real wheel; apply and rebase (git layer)"
+	@echo "make bench-coldstart [BENCH_ARGS=--phases=…]  cold start on a fresh clone: pip vs uv"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+ifeq ($(INSTALLER),uv)
+	$(VENV)/bin/python -m pip install -q -c constraints.txt uv
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -c constraints.txt \
+	    $$(PYTHONPATH=tools $(VENV)/bin/python -m vllm_overlay.testing.installer) -e '.[test]' \
+	  || $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+else
 	$(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+endif
 	touch $@
 
 venv: $(STAMP)
@@ -78,6 +88,10 @@ rebase: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_repack.py
 	$(VENV)/bin/python bench/bench_git.py
+
+# Fresh clone, empty caches, pip beside uv; minutes per phase (see --help for --phases).
+bench-coldstart: $(STAMP)
+	$(VENV)/bin/python bench/bench_coldstart.py $(BENCH_ARGS)
 
 clean:
 	rm -rf .work $(OUT)

@@ -29,9 +29,14 @@ def isolated_env(tmp_path_factory, monkeypatch, request):
     Tests marked ``network`` keep the real cache (~/.cache/vllm-overlay) so the real release
     artifacts are downloaded once per machine.
     """
-    home = tmp_path_factory.mktemp("home")
-    monkeypatch.setenv("HOME", str(home))
-    if request.node.get_closest_marker("network"):
+    network = request.node.get_closest_marker("network") is not None
+    _isolate(monkeypatch, tmp_path_factory, network)
+    yield
+
+
+def _isolate(monkeypatch, tmp_path_factory, network: bool) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    if network:
         cache = os.environ.get("VLLM_OVERLAY_CACHE") or os.path.join(
             REAL_HOME, ".cache", "vllm-overlay"
         )
@@ -46,7 +51,35 @@ def isolated_env(tmp_path_factory, monkeypatch, request):
             monkeypatch.delenv(k)
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
-    yield
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def real_tree(tmp_path_factory) -> Path:
+    """The pristine pinned vLLM tree (upstream.lock), as `vllm-overlay apply` makes it; made
+    once per session (network tests only: it reads the real cache)."""
+    from vllm_overlay.overlay.checkout import apply_overlay
+    from vllm_overlay.pin.lockfile import read_lock
+
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, tmp_path_factory, network=True)
+        dest = tmp_path_factory.mktemp("real-tree") / "vllm"
+        return apply_overlay(read_lock(REPO / "upstream.lock"), None, dest).checkout
+
+
+@pytest.fixture(scope="session")
+def real_testenv(real_tree, tmp_path_factory):
+    """The CPU test environment of the pinned release (pinned by the project's constraints/),
+    built or found once per session and shared by every integration test that runs vLLM's
+    tests."""
+    from vllm_overlay.testing.testenv import ensure_testenv
+
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, tmp_path_factory, network=True)
+        mp.setenv("VLLM_OVERLAY_PROJECT", str(REPO))  # its constraints/ pin the set
+        return ensure_testenv(real_tree)
 
 
 @dataclass

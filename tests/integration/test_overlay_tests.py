@@ -19,7 +19,7 @@ from vllm_overlay.overlay.model import load_overlay
 from vllm_overlay.overlay.series import final_tree
 from vllm_overlay.pin.lockfile import ABSENT, read_lock
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.testing.testenv import ensure_testenv
+from vllm_overlay.testing.testenv import recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 END_TO_END = "test_hybrid_verifier_hidden_states_round_trip"
@@ -67,8 +67,7 @@ def outcomes(junit_xml: Path) -> dict[str, str]:
     return result
 
 
-def run_overlay_tests(tree: Path, kind: str, tmp_path: Path, capsys) -> dict[str, str]:
-    env = ensure_testenv(tree)
+def run_overlay_tests(env, tree: Path, kind: str, tmp_path: Path, capsys) -> dict[str, str]:
     work = tmp_path / f"work-{kind}"
     environ = env.environ(work, tree)
     environ["VLLM_OVERLAY_TREE"] = kind
@@ -100,15 +99,21 @@ def run_overlay_tests(tree: Path, kind: str, tmp_path: Path, capsys) -> dict[str
     return results
 
 
-def test_overlay_tests_pass_on_the_patched_tree(patched_tree, tmp_path, capsys):
-    results = run_overlay_tests(patched_tree, "patched", tmp_path, capsys)
+def test_overlay_tests_pass_on_the_patched_tree(
+    real_testenv, patched_tree, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("VLLM_OVERLAY_PROJECT", str(ROOT))  # the project whose constraints/ pin
+    assert recipe(patched_tree).hash == real_testenv.recipe_hash  # the same environment
+    results = run_overlay_tests(real_testenv, patched_tree, "patched", tmp_path, capsys)
     assert END_TO_END in results
     not_passed = {name: o for name, o in results.items() if o != "passed"}
     assert not not_passed
 
 
-def test_fix_dependent_tests_fail_on_the_pristine_tree(pristine_tree, tmp_path, capsys):
-    results = run_overlay_tests(pristine_tree, "pristine", tmp_path, capsys)
+def test_fix_dependent_tests_fail_on_the_pristine_tree(
+    real_testenv, pristine_tree, tmp_path, capsys
+):
+    results = run_overlay_tests(real_testenv, pristine_tree, "pristine", tmp_path, capsys)
     # Strict xfail: a fix-dependent test that passed on pristine is reported as failed.
     failed = {name: o for name, o in results.items() if o in ("failed", "error", "skipped")}
     assert not failed

@@ -24,6 +24,7 @@ def test_real_rebase_0_24_to_0_25(tmp_path: Path):
     root.mkdir()
     shutil.copy2(repo_root / "upstream.lock", root / "upstream.lock")
     shutil.copytree(repo_root / "overlay", root / "overlay")
+    shutil.copytree(repo_root / "constraints", root / "constraints")  # the pinned test envs
     old = tomllib.loads((root / "upstream.lock").read_text())
     assert old["upstream"]["version"] == "0.24.0"
     commit = "dd10e03f95f94edbea1975c67ace3a35ec9a8a40"

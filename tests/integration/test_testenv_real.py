@@ -1,8 +1,8 @@
 """The CPU test environment: its recipe, its cache entry, the environment it gives a run.
 
-The unit tests use small fake vLLM trees and a fake build (no pip, no network); the one
-``network`` test builds the real environment from the pinned vLLM tree and imports vLLM
-from that tree through it.
+The unit tests use small fake vLLM trees; the ``network`` test takes the real environment
+of the pinned vLLM tree (the session's ``real_testenv``, built once) and imports vLLM from
+that tree through it.
 """
 
 from __future__ import annotations
@@ -25,15 +25,6 @@ llguidance >= 1.7.0, < 1.8.0; platform_machine == "x86_64"
 """
 
 
-@pytest.fixture
-def real_tree(tmp_path) -> Path:
-    """The pristine pinned vLLM tree, as `vllm-overlay apply` makes it."""
-    from vllm_overlay.overlay.checkout import apply_overlay
-    from vllm_overlay.pin.lockfile import read_lock
-
-    return apply_overlay(read_lock(ROOT / "upstream.lock"), None, tmp_path / "vllm").checkout
-
-
 PROBE = """\
 import json, torch, vllm, transformers
 from vllm.platforms import current_platform
@@ -49,9 +40,14 @@ print(json.dumps({
 
 @pytest.mark.network
 @pytest.mark.slow
-def test_the_real_environment_imports_vllm_from_the_tree(real_tree, tmp_path):
-    env = testenv.ensure_testenv(real_tree)
+def test_the_real_environment_imports_vllm_from_the_tree(real_tree, real_testenv, tmp_path):
+    env = real_testenv
     assert (env.path / testenv.MARKER).is_file()
+    recipe = json.loads((env.path / "recipe.json").read_text())
+    assert recipe["constraints_file"] == "constraints/testenv-vllm-0.24.0.txt"
+    pins = set((ROOT / recipe["constraints_file"]).read_text().splitlines())
+    frozen = set((env.path / testenv.FREEZE).read_text().splitlines())
+    assert {p for p in pins if not p.startswith("#")} <= frozen  # exactly the pinned set
     assert env.torch_version.startswith("2.13.0")
     environ = env.environ(tmp_path / "work", real_tree)
     proc = subprocess.run(

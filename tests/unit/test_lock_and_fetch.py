@@ -279,13 +279,77 @@ def test_fetch_from_git_unknown_commit(project, cli):
     assert not list((cache() / "trees").glob("git-*"))
 
 
-def test_concurrent_runs_on_the_same_cache_are_refused(project, cli):
+def test_a_busy_cache_entry_is_waited_for_then_given_up(project, cli):
     sd = read_lock(project.lock).sdist()
     with exclusive_lock(cache() / "locks" / f"{sd.sha256}.lock", "test"):
-        res = cli("fetch", "--index-url", project.index.url, cwd=project.root)
+        res = cli(
+            "--lock-timeout", "0.5", "fetch", "--index-url", project.index.url, cwd=project.root
+        )
     assert res.rc == 1
+    assert f"waiting for the cache entry for {sd.filename}, held by pid {os.getpid()}" in res.err
     assert "another vllm-overlay process is using" in res.err
+    assert "gave up after waiting 0.5 s" in res.err and "--lock-timeout" in res.err
     assert cached_files() == []
+
+
+def test_lock_timeout_must_be_seconds(project, cli, monkeypatch):
+    res = cli("--lock-timeout", "soon", "fetch", cwd=project.root)
+    assert res.rc == 2 and "not a number of seconds" in res.err
+    monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", "-1")
+    res = cli("fetch", "--index-url", project.index.url, cwd=project.root)
+    assert res.rc == 2 and "VLLM_OVERLAY_LOCK_TIMEOUT='-1'" in res.err
+
+
+HOLD = """\
+import sys, time
+from vllm_overlay.util import exclusive_lock
+with exclusive_lock(sys.argv[1], "test"):
+    print("locked", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def fetch_process(project) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "vllm_overlay", "fetch", "--index-url", project.index.url],
+        cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_two_fetches_share_one_cold_cache(project):
+    """Two processes fetch into one empty cache at once: both succeed, one file each."""
+    first, second = fetch_process(project), fetch_process(project)
+    outs = [p.communicate(timeout=120) for p in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], outs
+    assert outs[0][0] == outs[1][0] and " base " in outs[0][0]  # the same tree for both
+    sd = read_lock(project.lock).sdist()
+    assert [p.name for p in cached_files() if not p.name.endswith(".lock")] == [sd.filename]
+    downloads = [r for r in project.index.requests if r.split("#")[0].endswith(sd.filename)]
+    assert len(downloads) == 1, downloads  # the second waited, then found it cached
+
+
+def test_two_fetches_wait_for_the_holder_of_the_cache_lock(project):
+    """A cold cache whose entry another process holds: both fetches wait, then succeed."""
+    sd = read_lock(project.lock).sdist()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(cache() / "locks" / f"{sd.sha256}.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        fetches = [fetch_process(project) for _ in range(2)]
+        for p in fetches:  # each says it waits, naming the holder, before the holder lets go
+            line = p.stderr.readline()
+            assert (
+                f"waiting for the cache entry for {sd.filename}, held by pid {holder.pid}" in line
+            )
+            assert all(f.poll() is None for f in fetches)
+        holder.communicate("go\n", timeout=30)
+        outs = [p.communicate(timeout=120) for p in fetches]
+    finally:
+        holder.kill()
+    assert [p.returncode for p in fetches] == [0, 0], outs
+    assert [p.name for p in cached_files() if p.name == sd.filename] == [sd.filename]
 
 
 def test_concurrent_runs_across_processes(project, cli, tmp_path):
@@ -302,11 +366,12 @@ def test_concurrent_runs_across_processes(project, cli, tmp_path):
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "locked"
-        res = cli("apply", "--checkout", co, cwd=project.root)
+        res = cli("--lock-timeout", "0.5", "apply", "--checkout", co, cwd=project.root)
     finally:
         holder.kill()
         holder.wait()
     assert res.rc == 1 and "another vllm-overlay process is using the checkout" in res.err
+    assert f"held by pid {holder.pid}" in res.err
     assert not co.exists()
 
 

@@ -286,13 +286,17 @@ def test_static_index_normalises_project_names(
     assert got.returncode == 0, got.stdout + got.stderr
 
 
-def test_static_index_is_locked_while_publishing(tmp_path: Path, wheels: Path, publish_cli) -> None:
+def test_static_index_is_locked_while_publishing(
+    tmp_path: Path, wheels: Path, publish_cli, monkeypatch
+) -> None:
     index = tmp_path / "index"
     index.mkdir()
+    monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", "0.3")  # it waits, then gives up
     with exclusive_lock(index / ".vllm-overlay-index.lock", "test"):
         r = publish_cli(make_wheel(wheels), "--to", index)
     assert r.rc == 1
     assert "another vllm-overlay process is using the index" in r.err
+    assert "waiting for the index" in r.err and "after waiting 0.3 s" in r.err
     assert not (index / "packages").exists()
 
 

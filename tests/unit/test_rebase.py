@@ -8,6 +8,7 @@ added test file, drop_when vllm>=1.3.0), pinned to 1.0.0.
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -493,13 +494,15 @@ def test_killed_rebase_resumes_in_a_new_process(proj: Proj, tmp_path: Path):
     assert_pinned(proj, "1.3.0")
 
 
-def test_a_second_rebase_is_refused_while_one_is_stopped_or_running(proj: Proj):
+def test_a_second_rebase_is_refused_while_one_is_stopped_or_running(proj: Proj, monkeypatch):
     assert rebase_to(proj, "1.2.0").rc == 1
     res = rebase_to(proj, "1.1.0")
     assert res.rc == 1 and "in progress" in res.err and "--abort" in res.err
+    monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", "0.3")  # a running one is waited for
     with exclusive_lock(proj.root / ".work" / "rebase.lock", "test"):
         res = rebase(proj, "--abort")
     assert res.rc == 1 and "another vllm-overlay process" in res.err
+    assert f"held by pid {os.getpid()}" in res.err and "after waiting 0.3 s" in res.err
     assert rebase(proj, "--abort").rc == 0
 
 
@@ -545,30 +548,34 @@ def test_checkout_with_unexported_edits_is_refused(proj: Proj):
     assert not (proj.root / ".work" / "rebase").exists()
 
 
-def test_unknown_commit_is_asked_for_before_anything_is_written(proj: Proj, tmp_path: Path):
+def test_unknown_commit_is_pinned_unverified_and_verified_later(proj: Proj, tmp_path: Path):
     """The remote (GitHub in the lock) is unreachable and no --commit is given: the rebase
-    settles every change, then stops and says exactly which commit it needs and how."""
-    before = project_snapshot(proj)
+    completes, pinning the release by its sdist with the abbreviated commit marked unverified;
+    `lock --commit` verifies it later, and a wrong full commit is refused."""
     res = rebase(proj, "--to", "1.1.0", "--index-url", proj.index.url, "--json")
-    assert res.rc == 1
+    assert res.rc == 0, res.err
     rep = as_json(res)
-    abbrev = proj.upstream.releases["1.1.0"].commit[:9]
-    assert rep["stopped_at"]["status"] == "commit-unknown"
-    assert rep["refreshed"] == [CID] and rep["to"]["commit"] is None
-    assert rep["to"]["sdist_commit"] == abbrev
-    steps = " ".join(rep["stopped_at"]["next_steps"])
-    assert f"the sdist records {abbrev}" in steps
-    assert "git ls-remote https://github.com/vllm-project/vllm.git refs/tags/v1.1.0" in steps
-    assert "vllm-overlay rebase --continue --commit SHA" in steps
+    full = proj.upstream.releases["1.1.0"].commit
+    assert rep["refreshed"] == [CID] and rep["to"]["sdist_commit"] == full[:9]
+    assert "unverified" in res.err and "lock --version 1.1.0 --commit SHA" in res.err
+    lock = lock_data(proj)
+    assert lock["upstream"]["commit"] == full[:9]
+    assert lock["upstream"]["commit_verified"] is False
+    assert_consistent(proj, tmp_path)
+    res = run_cli("apply", "--source", "git", "--checkout", tmp_path / "git", cwd=proj.root)
+    assert res.rc == 1 and "abbreviated and unverified" in res.err
+    assert not (tmp_path / "git").exists()
+
+    before = project_snapshot(proj)
+    res = run_cli("lock", "--version", "1.1.0", "--commit", "f" * 40,
+                  "--index-url", proj.index.url, cwd=proj.root)  # fmt: skip
+    assert res.rc == 1 and "does not match the sdist" in res.err
     assert project_snapshot(proj) == before
-    res = rebase(proj, "--continue")
-    assert res.rc == 1 and "STOPPED before writing the new pin (commit-unknown)" in res.out
-    res = rebase(proj, "--continue", "--commit", "f" * 40)
-    assert res.rc == 1 and f"records commit {abbrev}" in res.err
-    res = rebase(proj, "--continue", "--commit", proj.upstream.releases["1.1.0"].commit)
+    res = run_cli("lock", "--version", "1.1.0", "--commit", full,
+                  "--index-url", proj.index.url, cwd=proj.root)  # fmt: skip
     assert res.rc == 0, res.err
     assert_pinned(proj, "1.1.0")
-    assert_consistent(proj, tmp_path)
+    assert_consistent(proj, tmp_path / "again")
 
 
 def test_usage_errors(proj: Proj):

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXED_CONNECTOR_SNIPPET
 from synthetic import ADDED_TEST, CONNECTOR, release_files
+from vllm_overlay import util
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.testing import causes, suite
+from vllm_overlay.testing import baseline, causes, childenv, proving, runner, suite
 from vllm_overlay.testing import plugin as suite_plugin
+from vllm_overlay.testing import side as sides
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit
 from vllm_overlay.testing.report import RunInfo, RunView, compare, render_text, to_json
 
@@ -310,17 +312,17 @@ def test_selection_paths_must_exist_in_the_tree(tmp_path):
             suite.check_selection(tmp_path, (bad,))
 
 
-def _key(**over) -> suite.BaselineKey:
-    env = suite.RunEnv(Path(sys.executable), "recipe-1", "env", lambda s, c: {})
+def _key(**over) -> baseline.BaselineKey:
+    env = sides.RunEnv(Path(sys.executable), "recipe-1", "env", lambda s, c: {})
     args = {"upstream": {"commit": "c" * 40}, "code": "tree", "env": env, "selection": (UNIT,)}
     args.update(over)
-    return suite.baseline_key(
-        args["upstream"], args["code"], args["env"], args["selection"], suite.RunOptions()
+    return baseline.baseline_key(
+        args["upstream"], args["code"], args["env"], args["selection"], sides.RunOptions()
     )
 
 
 def test_baseline_key_changes_with_each_input():
-    other_env = suite.RunEnv(Path(sys.executable), "recipe-2", "env", lambda s, c: {})
+    other_env = sides.RunEnv(Path(sys.executable), "recipe-2", "env", lambda s, c: {})
     digests = {
         _key().digest,
         _key(upstream={"commit": "d" * 40}).digest,
@@ -334,8 +336,8 @@ def test_baseline_key_changes_with_each_input():
 
 def test_baseline_cache_round_trip_and_corruption():
     key = _key()
-    assert suite.load_baseline(key) is None
-    run = suite.SideRun(
+    assert baseline.load_baseline(key) is None
+    run = sides.SideRun(
         "baseline",
         parse_junit(JUNIT_XUNIT1),
         ("tests/v1/unit/test_a.py::test_ok", "tests/v1/unit/test_a.py::test_never"),
@@ -343,8 +345,8 @@ def test_baseline_cache_round_trip_and_corruption():
         seconds=12.3,
         returncode=1,
     )
-    path = suite.store_baseline(key, run)
-    loaded = suite.load_baseline(key)
+    path = baseline.store_baseline(key, run)
+    loaded = baseline.load_baseline(key)
     assert loaded is not None and loaded.cached
     assert loaded.results == run.results and loaded.collected == run.collected
     assert loaded.not_run == ("tests/v1/unit/test_a.py::test_never",)
@@ -359,16 +361,17 @@ def test_baseline_cache_round_trip_and_corruption():
     }
     for what, text in corruptions.items():
         path.write_text(text)
-        with pytest.raises(suite.CorruptBaseline, match="is corrupt"):
-            suite.load_baseline(key)
+        with pytest.raises(baseline.CorruptBaseline, match="is corrupt"):
+            baseline.load_baseline(key)
         assert what
 
 
 def test_progress_line(tmp_path):
     f = tmp_path / "progress.json"
-    assert suite.progress_line("patched", f, 5) == "suite: patched: collecting tests (5 s)"
+    label = "suite: patched"
+    assert runner.progress_line(label, f, 5) == "suite: patched: collecting tests (5 s)"
     f.write_text(json.dumps({"total": 674, "done": 300, "counts": {"passed": 290, "failed": 10}}))
-    line = suite.progress_line("patched", f, 150)
+    line = runner.progress_line(label, f, 150)
     assert line == "suite: patched: 300/674 tests (290 passed, 10 failed), 2.5 min"
 
 
@@ -377,23 +380,23 @@ def test_copy_tests_uses_the_tree_pytest_config_or_an_empty_one(tmp_path):
     (tree / "tests").mkdir(parents=True)
     (tree / "tests" / "test_a.py").write_text("")
     (tree / "pyproject.toml").write_text("[project]\nname = 'x'\n")
-    assert suite.copy_tests(tree, tmp_path / "r1") == tmp_path / "r1" / "pytest.ini"
+    assert sides.copy_tests(tree, tmp_path / "r1") == tmp_path / "r1" / "pytest.ini"
     (tree / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['cpu_test']\n")
-    assert suite.copy_tests(tree, tmp_path / "r2") == tmp_path / "r2" / "pyproject.toml"
+    assert sides.copy_tests(tree, tmp_path / "r2") == tmp_path / "r2" / "pyproject.toml"
     assert (tmp_path / "r2" / "tests" / "test_a.py").is_file()
     with pytest.raises(UsageError, match="no tests/ directory"):
-        suite.copy_tests(tmp_path / "r2" / "tests", tmp_path / "r3")
+        sides.copy_tests(tmp_path / "r2" / "tests", tmp_path / "r3")
 
 
 # --- a side's environment: what the preflight says ---------------------------------------
 
 
-def _env() -> suite.RunEnv:
-    return suite.python_provider(Path(sys.executable))(Path("."))
+def _env() -> sides.RunEnv:
+    return sides.python_provider(Path(sys.executable))(Path("."))
 
 
-def _side(tree: Path, tmp_path: Path, selection=(UNIT,)) -> tuple[suite.Side, suite.Scratch]:
-    return suite.Side("patched", tree, selection), suite.Scratch(tmp_path / "run")
+def _side(tree: Path, tmp_path: Path, selection=(UNIT,)) -> tuple[sides.Side, sides.Scratch]:
+    return sides.Side("patched", tree, selection), sides.Scratch(tmp_path / "run")
 
 
 def _tree(tmp_path: Path, vllm_init: str | None) -> Path:
@@ -409,13 +412,13 @@ def _tree(tmp_path: Path, vllm_init: str | None) -> Path:
 def test_environment_without_vllm_is_named(tmp_path):
     side, scratch = _side(_tree(tmp_path, None), tmp_path)
     with pytest.raises(SuiteError, match="cannot import vllm: ModuleNotFoundError.*Missing: vllm"):
-        suite.run_side(side, _env(), scratch, suite.RunOptions(workers=0))
+        sides.run_side(side, _env(), scratch, sides.RunOptions(workers=0))
 
 
 def test_environment_missing_a_vllm_dependency_names_it(tmp_path):
     side, scratch = _side(_tree(tmp_path, "import torch_not_installed_here\n"), tmp_path)
     with pytest.raises(SuiteError, match="Missing: torch_not_installed_here"):
-        suite.run_side(side, _env(), scratch, suite.RunOptions(workers=0))
+        sides.run_side(side, _env(), scratch, sides.RunOptions(workers=0))
 
 
 def test_environment_without_xdist_says_what_to_do(tmp_path, monkeypatch):
@@ -424,14 +427,14 @@ def test_environment_without_xdist_says_what_to_do(tmp_path, monkeypatch):
     blocker.mkdir()
     (blocker / "xdist.py").write_text("raise ImportError('blocked', name='xdist')\n")
     plain = _env()
-    env = suite.RunEnv(
+    env = sides.RunEnv(
         plain.python,
         plain.recipe,
         plain.description,
         lambda s, c: {**plain.environ(s, c), "PYTHONPATH": f"{blocker}:{c}"},
     )
     with pytest.raises(SuiteError, match="cannot import xdist.*pass --workers 0"):
-        suite.run_side(side, env, scratch, suite.RunOptions(workers=2))
+        sides.run_side(side, env, scratch, sides.RunOptions(workers=2))
 
 
 # --- end to end on the synthetic upstream ------------------------------------------------
@@ -457,7 +460,7 @@ def test_suite_compares_patched_with_pristine_and_caches_the_baseline(project, c
     assert f"only on patched: 1\n    {ADDED_TEST}: 1 passed" in out
     assert "verdict: OK" in out
     assert "running the baseline on pristine upstream" in res.err
-    assert "suite: running the patched tree's tests" in res.err
+    assert "suite: patched: running the tests" in res.err
     base = (junit / "baseline.xml").read_text()
     assert "test_layout" in base and "test_group_block_size" not in base
     assert "test_group_block_size" in (junit / "patched.xml").read_text()
@@ -484,7 +487,7 @@ def test_suite_compares_patched_with_pristine_and_caches_the_baseline(project, c
     assert (junit / "baseline.xml").read_text() == base
 
     # A corrupt cached baseline is rebuilt, and the run says so.
-    entries = list((suite.util.cache_dir() / "suite-baselines").glob("*.json"))
+    entries = list((util.cache_dir() / "suite-baselines").glob("*.json"))
     assert len(entries) == 1
     entries[0].write_text('{"format": 1, "junit": "<testsu')
     res = suite_cli(cli, project, "--junit", junit)
@@ -543,7 +546,7 @@ def test_after():
 
 
 def test_crashing_and_hanging_tests_fail_alone(project, cli, tmp_path, monkeypatch):
-    monkeypatch.setattr(suite, "HARD_TIMEOUT_GRACE", 1)
+    monkeypatch.setattr(sides, "HARD_TIMEOUT_GRACE", 1)
     co = tmp_path / "co"
     assert (
         cli("apply", "--checkout", co, "--index-url", project.index.url, cwd=project.root).rc == 0
@@ -614,3 +617,88 @@ def test_bad_input_is_a_usage_error(project, cli, args, message):
     res = suite_cli(cli, project, *args)
     assert res.rc == 2, res.err
     assert message in res.err
+
+
+# ---- the one runner, as proofs use it -----------------------------------------------------
+
+SOCKET_TEST = '''\
+import os, socket
+
+
+def test_binds_a_socket_where_ray_would():
+    """Ray's raylet socket: $RAY_TMPDIR/ray/session_<date>_<time>_<usec>_<pid>/sockets/."""
+    d = os.path.join(os.environ["RAY_TMPDIR"], "ray", "session_2026-01-01_00-00-00_000000_4194304", "sockets")
+    os.makedirs(d)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(os.path.join(d, "raylet.12345"))
+
+
+def test_fails():
+    assert 1 + 1 == 3, "arithmetic is broken"
+
+
+def test_skipped():
+    import pytest
+
+    pytest.skip("not here")
+'''
+
+
+def test_a_proof_reads_outcomes_from_junit_and_ray_gets_a_short_socket_path(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "tests" / "test_sock.py").write_text(SOCKET_TEST)
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # like .work/rebase/tests/<change id>/work
+    log = deep / "pytest.log"
+    run = proving.run_tests(proving.PythonRunner(), tree, [str(tree / "tests")], deep / "work", log)
+    assert (run.passed, run.failed, run.errors, run.skipped) == (1, 1, 0, 1), log.read_text()
+    assert not run.ok and run.returncode == 1
+    assert run.first_error.startswith("tests/test_sock.py::test_fails: AssertionError")
+    assert "arithmetic is broken" in run.first_error
+    assert run.summary.startswith("1 passed, 1 failed, 1 skipped in ")
+    assert "1 failed, 1 passed, 1 skipped" in log.read_text()  # the whole output
+    # Under the work directory, as before, the socket path would be too long to bind.
+    too_deep = len(str((deep / "work" / "tmp").resolve()) + childenv.RAY_SOCKET_SUFFIX)
+    assert too_deep > childenv.SOCKET_PATH_MAX
+    assert not list(Path("/tmp").glob(f"{childenv.RAY_PREFIX}*{_digest(deep / 'work')}"))
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+
+
+def test_a_proof_that_passes_is_ok_and_one_that_collects_nothing_is_not(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "tests" / "test_ok.py").write_text("def test_ok():\n    assert True\n")
+    (tree / "tests" / "test_none.py").write_text("X = 1\n")
+    ok = proving.run_tests(
+        proving.PythonRunner(),
+        tree,
+        [str(tree / "tests/test_ok.py")],
+        tmp_path / "w1",
+        tmp_path / "l1.log",
+    )
+    assert ok.ok and (ok.passed, ok.failed) == (1, 0) and ok.first_error == ""
+    none = proving.run_tests(
+        proving.PythonRunner(),
+        tree,
+        [str(tree / "tests/test_none.py")],
+        tmp_path / "w2",
+        tmp_path / "l2.log",
+    )
+    assert not none.ok and none.returncode == 5 and none.summary.startswith("no tests ran")
+
+
+def test_the_suite_and_proofs_give_ray_a_short_directory(tmp_path):
+    deep = tmp_path / ("x" * 80) / ("y" * 80)
+    for environ in (
+        childenv.scratch_environ(deep),
+        proving.PythonRunner().command(tmp_path, deep)[1],
+        sides._plain_environ(deep, tmp_path),
+    ):
+        ray = environ["RAY_TMPDIR"]
+        assert len(ray) + len(childenv.RAY_SOCKET_SUFFIX) <= childenv.SOCKET_PATH_MAX, ray
+        assert Path(environ["TMPDIR"]).is_relative_to(deep.resolve())

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 from vllm_overlay import util
 from vllm_overlay.errors import BusyError, OverlayError
-from vllm_overlay.testing import testenv
+from vllm_overlay.testing import childenv, testenv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,7 +152,6 @@ def test_environ_keeps_temporary_files_inside_the_workdir(tmp_path):
     environ = env.environ(workdir, tree)
     for key in (
         "TMPDIR",
-        "RAY_TMPDIR",
         "TORCHINDUCTOR_CACHE_DIR",
         "TRITON_CACHE_DIR",
         "VLLM_CACHE_ROOT",
@@ -159,6 +159,10 @@ def test_environ_keeps_temporary_files_inside_the_workdir(tmp_path):
         path = Path(environ[key])
         assert path.is_relative_to(workdir.resolve()), key
         assert path.is_dir(), key
+    # Ray's sockets live under RAY_TMPDIR and their paths may not exceed 107 bytes.
+    ray = environ["RAY_TMPDIR"]
+    assert Path(ray).is_dir() and Path(ray).name.startswith(childenv.RAY_PREFIX)
+    assert len(ray) + len(childenv.RAY_SOCKET_SUFFIX) <= childenv.SOCKET_PATH_MAX
 
 
 def test_environ_runs_vllm_from_the_tree_offline_on_cpu(tmp_path):
@@ -220,7 +224,7 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(testenv, "_build", failing_build)
     with pytest.raises(OverlayError, match="pip failed"):
         testenv.ensure_testenv(tree)
-    assert sorted(p.name for p in testenv.root().iterdir()) == [".lock"]
+    assert sorted(p.name for p in testenv.root().iterdir()) == ["locks"]
 
 
 def test_an_unfinished_environment_is_rebuilt(tmp_path, monkeypatch):
@@ -245,15 +249,101 @@ def test_rebuild_replaces_a_complete_environment(tmp_path, monkeypatch):
     again = testenv.ensure_testenv(tree, rebuild=True)
     assert again.path == env.path and len(calls) == 2
     assert not (env.path / "old-file").exists()
-    assert sorted(p.name for p in testenv.root().iterdir()) == [".lock", env.path.name]
+    assert sorted(p.name for p in testenv.root().iterdir()) == [env.path.name, "locks"]
 
 
-def test_a_second_builder_stops_at_once(tmp_path, monkeypatch):
+def test_a_second_builder_waits_then_gives_up(tmp_path, monkeypatch, capsys):
     tree = make_tree(tmp_path / "tree")
-    monkeypatch.setattr(testenv, "_build", no_subprocess)
-    with util.exclusive_lock(testenv.root() / ".lock", "test"):
-        with pytest.raises(BusyError, match="another vllm-overlay process"):
+    calls: list[str] = []
+    monkeypatch.setattr(testenv, "_build", fake_build(calls))
+    monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", "0.3")
+    with util.exclusive_lock(testenv.lock_path(testenv.recipe(tree)), "test"):
+        with pytest.raises(BusyError, match="another vllm-overlay process") as e:
             testenv.ensure_testenv(tree)
+    assert f"held by pid {os.getpid()}" in str(e.value) and "after waiting 0.3 s" in str(e.value)
+    waiting = f"waiting for the test environment {testenv.recipe(tree).hash}, held by pid"
+    assert f"{waiting} {os.getpid()}" in capsys.readouterr().err
+    assert not calls
+    other = make_tree(tmp_path / "other", COMMON + "einops\n")
+    assert testenv.ensure_testenv(other).path.is_dir()  # another recipe does not wait
+    assert testenv.ensure_testenv(tree).path.is_dir() and len(calls) == 2  # free again: built
+
+
+# ---- pinned by constraints, built with uv -------------------------------------------------
+
+
+def released_tree(root: Path, version: str = "9.9.9") -> Path:
+    tree = make_tree(root)
+    (tree / "PKG-INFO").write_text(f"Metadata-Version: 2.4\nName: vLLM\nVersion: {version}\n")
+    return tree
+
+
+def test_the_recipe_pins_the_set_in_the_projects_constraints_file(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    monkeypatch.setenv("VLLM_OVERLAY_PROJECT", str(project))
+    tree = released_tree(tmp_path / "tree")
+    free = testenv.recipe(tree)
+    assert (free.upstream, free.constraints_file, free.constraints) == ("vllm 9.9.9", "", "")
+    pins = project / "constraints" / "testenv-vllm-9.9.9.txt"
+    pins.parent.mkdir(parents=True)
+    pins.write_text("numpy==2.3.5\n")
+    pinned = testenv.recipe(tree)
+    assert pinned.constraints_file == "constraints/testenv-vllm-9.9.9.txt"
+    assert pinned.constraints == "numpy==2.3.5\n" and pinned.hash != free.hash
+    pins.write_text("numpy==2.3.4\n")
+    assert testenv.recipe(tree).hash not in (free.hash, pinned.hash)  # the content counts
+    assert testenv.recipe(tree, pinned=False).hash == free.hash
+    args = pinned.install_args(tmp_path / "plugin", tmp_path / "req.txt", pins)
+    assert args[:2] == ["-c", str(pins)]
+    assert testenv.recipe(make_tree(tmp_path / "no-release")).upstream == ""
+
+
+def test_freeze_writes_sorted_pins_without_the_generated_plugin(tmp_path):
+    env = an_env(tmp_path)
+    env.path.mkdir()
+    (env.path / testenv.FREEZE).write_text(
+        "torch==2.13.0+cpu\nNumPy==2.3.5\n"
+        f"{testenv.PLUGIN_DIST} @ file:///tmp/src/{testenv.PLUGIN_DIST}\naiohttp==3.13.3\n"
+    )
+    text = testenv.freeze_constraints(env, testenv.recipe(released_tree(tmp_path / "t")))
+    assert text.startswith("# The CPU test environment of vllm 9.9.9")
+    pins = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert pins == ["aiohttp==3.13.3", "NumPy==2.3.5", "torch==2.13.0+cpu"]
+
+
+@pytest.mark.parametrize("kind", ["uv", "pip"])
+def test_the_installer_reads_pips_indexes_and_installs_the_pinned_version(
+    kind, tmp_path, monkeypatch
+):
+    """A real venv and install, offline: pip's index and find-links, a constraint."""
+    from fixtures_publish import make_wheel
+    from vllm_overlay.testing import installer
+
+    links = tmp_path / "links"
+    links.mkdir()
+    for version in ("1.0", "2.0"):
+        make_wheel(links, name="alpha", version=version)
+    simple = tmp_path / "simple"
+    simple.mkdir()
+    (simple / "index.html").write_text("<!DOCTYPE html><html><body></body></html>\n")
+    monkeypatch.setenv("PIP_INDEX_URL", simple.as_uri())
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
+    if kind == "pip":
+        monkeypatch.setenv(installer.INSTALLER_ENV, "pip")
+    inst = installer.installer()
+    assert inst.name == kind  # uv is a dependency of the tool: it is there
+    argv = inst.install_command("python")
+    env = inst.env(childenv.clean_environ())
+    if kind == "uv":
+        assert env["UV_INDEX_URL"] == simple.as_uri()  # pip's index, not in the argv
+        assert argv[argv.index("--find-links") + 1] == str(links)
+    python = inst.venv(sys.executable, tmp_path / "venv", env)
+    (tmp_path / "pins.txt").write_text("alpha==1.0\n")
+    inst.install(python, ["-c", str(tmp_path / "pins.txt"), "alpha"], env, hint="")
+    assert "alpha==1.0" in inst.freeze(python, env).splitlines()
 
 
 # ---- the command --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 
-from vllm_overlay import __version__
+from vllm_overlay import __version__, util
 from vllm_overlay.errors import OverlayError
 
 # Order is the order --help lists them in: the pipeline, then the work-area verbs.
@@ -41,7 +41,8 @@ EPILOG = """\
 The pipeline: lock -> fetch -> apply -> build -> verify -> suite -> publish; rebase moves the
 overlay to a new vLLM release. Downloads are cached under $VLLM_OVERLAY_CACHE
 (default ~/.cache/vllm-overlay), keyed by sha256. The package index comes from pip's own
-configuration (PIP_INDEX_URL, pip.conf) unless --index-url is given.
+configuration (PIP_INDEX_URL, pip.conf) unless --index-url is given. Processes sharing a
+cache or a project wait for each other's locks (up to --lock-timeout seconds).
 Exit status: 0 success, 1 an expected failure (the message says what to do), 2 usage error.
 """
 
@@ -59,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the overlay project (default: the nearest directory holding overlay/overlay.toml)",
     )
+    parser.add_argument(
+        "--lock-timeout",
+        metavar="SECONDS",
+        type=_seconds,
+        help="how long to wait for a cache or project lock another vllm-overlay process holds "
+        f"before giving up (default: ${util.LOCK_TIMEOUT_ENV}, else "
+        f"{util.DEFAULT_LOCK_TIMEOUT:g}; 0 gives up at once)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = importlib.import_module(f"vllm_overlay.commands.{MODULES.get(name, name)}")
@@ -73,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -81,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.project:
         os.environ["VLLM_OVERLAY_PROJECT"] = os.path.abspath(args.project)
+    util.set_lock_timeout(args.lock_timeout)
     try:
         return int(args._run(args) or 0)
     except OverlayError as e:

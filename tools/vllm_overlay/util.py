@@ -10,11 +10,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.errors import BusyError, CommandError, OverlayError
+from vllm_overlay.errors import BusyError, CommandError, OverlayError, UsageError
 
 
 @dataclass(frozen=True)
@@ -103,26 +104,96 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o644
     atomic_write_bytes(path, text.encode(), mode)
 
 
-@contextlib.contextmanager
-def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[None]:
-    """Hold an exclusive, non-blocking flock on ``lock_path`` (created if missing).
+LOCK_TIMEOUT_ENV = "VLLM_OVERLAY_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT = 300.0  # seconds a lock is waited for before giving up
+_LOCK_POLL = 0.2
+_lock_timeout: float | None = None  # --lock-timeout of this invocation; None: env or default
 
-    A second process gets ``BusyError`` at once instead of racing on the same files.
+
+def set_lock_timeout(seconds: float | None) -> None:
+    """How long locks wait in this process (``--lock-timeout``); None: env or default."""
+    global _lock_timeout
+    _lock_timeout = seconds
+
+
+def lock_timeout() -> float:
+    """Seconds a busy lock is waited for: --lock-timeout, else $VLLM_OVERLAY_LOCK_TIMEOUT,
+    else DEFAULT_LOCK_TIMEOUT. 0 gives up at once."""
+    if _lock_timeout is not None:
+        return _lock_timeout
+    env = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not env:
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        seconds = float(env)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise UsageError(
+            f"{LOCK_TIMEOUT_ENV}={env!r}: give the seconds to wait for a lock (0 or more)."
+        )
+    return seconds
+
+
+def _lock_holder(fd: int) -> str:
+    """The pid the holder wrote into the lock file, or "unknown" (it may not have yet)."""
+    try:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    except OSError:
+        return "unknown"
+    return text if text.isdigit() else "unknown"
+
+
+@contextlib.contextmanager
+def exclusive_lock(
+    lock_path: str | os.PathLike[str], what: str, *, timeout: float | None = None
+) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path`` (created if missing), waiting for it.
+
+    The holder's pid is written into the lock file while it holds it (emptied again, with
+    its old times, on release). A second process says once that it is
+    "waiting for <what>, held by pid N" and waits up to ``timeout`` seconds (default:
+    ``lock_timeout()``), then gives up with ``BusyError``; it never races on the same files.
     """
     lock_path = Path(lock_path)
+    limit = lock_timeout() if timeout is None else timeout
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        deadline = time.monotonic() + limit
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+            holder = _lock_holder(fd)
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise BusyError(
-                    f"another vllm-overlay process is using {what} (lock {lock_path}). "
-                    "Wait for it to finish, then run this again."
-                ) from e
-            raise
-        yield
+                    f"another vllm-overlay process is using {what} (held by pid {holder}, "
+                    f"lock {lock_path}); gave up after waiting {limit:g} s. Wait for it to "
+                    "finish, or give it longer with --lock-timeout SECONDS (or "
+                    f"{LOCK_TIMEOUT_ENV}), then run this again."
+                )
+            if not said:
+                info(
+                    f"waiting for {what}, held by pid {holder} (lock {lock_path}; giving up "
+                    f"after {limit:g} s, see --lock-timeout)"
+                )
+                said = True
+            time.sleep(min(_LOCK_POLL, left))
+        before = os.fstat(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            # Released, the lock file is as it was (empty, same times): a no-op leaves no trace.
+            os.ftruncate(fd, 0)
+            os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
     finally:
         os.close(fd)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vllm_overlay import util
 from vllm_overlay.errors import UsageError
+from vllm_overlay.overlay.project import find_project
 from vllm_overlay.testing import testenv
 
 HELP = "build or show the CPU environment in which vLLM's own tests run"
@@ -22,7 +23,12 @@ import, a generated plugin that selects vLLM's CPU platform, and a config-only H
 Face cache for the models the unit tests read configs of. It lives under
 $VLLM_OVERLAY_CACHE/testenv/<recipe hash> and is rebuilt only when its recipe changes.
 
-Prints the environment's directory on stdout.
+It is built with uv (installed with this tool) where uv is there, else with pip, and holds
+exactly the packages pinned in the project's constraints/testenv-<name>-<version>.txt for
+the tree's release; without that file the requirements are resolved freely (and it says so).
+--freeze resolves freely and writes that file (commit it). See docs/testenv.md.
+
+Prints the environment's directory (with --freeze: the constraints file) on stdout.
 """
 
 
@@ -36,6 +42,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rebuild", action="store_true", help="build it anew even when a complete one exists"
+    )
+    parser.add_argument(
+        "--freeze",
+        action="store_true",
+        help="resolve the requirements freely, build that environment, and write the set it "
+        "got to the project's constraints/testenv-<name>-<version>.txt (commit it)",
     )
     parser.add_argument(
         "--print-recipe",
@@ -54,6 +66,20 @@ def run(args: argparse.Namespace) -> int:
         rec = testenv.recipe(tree)
         doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return 0
+    if args.freeze:
+        release = testenv.tree_release(tree)
+        if release is None:
+            raise UsageError(
+                f"--freeze: {tree} has no PKG-INFO naming its release; pass a tree made from "
+                "the release sdist (`vllm-overlay apply --pristine --checkout DIR`)."
+            )
+        dest = testenv.constraints_path(*release, find_project().root)
+        env = testenv.ensure_testenv(tree, rebuild=args.rebuild, pinned=False)
+        text = testenv.freeze_constraints(env, testenv.recipe(tree, pinned=False))
+        util.atomic_write_text(dest, text)
+        util.info(f"testenv: wrote {dest} ({len(text.splitlines()) - 3} pins); commit it")
+        print(dest)
         return 0
     env = testenv.ensure_testenv(tree, rebuild=args.rebuild)
     util.info(f"testenv: python {env.python}, torch {env.torch_version}")

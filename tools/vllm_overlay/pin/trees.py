@@ -103,6 +103,13 @@ def git_repo(lock: Lock, *, git_url: str | None = None) -> tuple[Path, str]:
     """(bare repo, base commit) holding only the pinned upstream commit, fetched once."""
     commit = lock.upstream.commit
     url = git_url or lock.upstream.git
+    if not lock.upstream.commit_verified:
+        raise OverlayError(
+            f"the lock pins vllm {lock.upstream.version} by its sdist; its commit {commit} is "
+            "abbreviated and unverified, so there is no commit to fetch. Use --source sdist, "
+            f"or verify the commit first: vllm-overlay lock --version {lock.upstream.version} "
+            "--commit SHA."
+        )
     root = cache_dir() / "trees"
     final = root / f"git-{commit}.git"
     if final.is_dir() and (base := rev_parse(final, BASE_REF)):

@@ -7,12 +7,13 @@ under names no upstream file has, so upstream's own file at the same path (if an
 
 Runners: vLLM's tests need the CPU test environment of ``vllm_overlay.testing.testenv``; any other
 tree (the synthetic upstream of this tool's tests) runs with a plain Python that has pytest.
+Either way pytest runs through the one runner (``vllm_overlay.testing.runner``), as `suite`
+does: outcomes come from its JUnit report, and Ray's sockets get a short path.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -23,11 +24,11 @@ from typing import Protocol
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.gitrepo import git
 from vllm_overlay.overlay.model import safe_join
-from vllm_overlay.util import atomic_write_bytes, atomic_write_text, info, run
+from vllm_overlay.testing import runner as pytest_runner
+from vllm_overlay.testing.childenv import scratch_environ
+from vllm_overlay.util import atomic_write_bytes, info
 
 TIMEOUT_S = 3600.0
-_COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b")
-_LEAKY = ("PYTHONPATH", "PYTHONHOME", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "VIRTUAL_ENV")
 
 
 @dataclass
@@ -45,7 +46,7 @@ class TestRun:
     summary: str = ""
     log: str = ""
     python: str = ""
-    first_error: str = ""  # the first ``E   `` line of pytest's report
+    first_error: str = ""  # the first failing test's message (from the JUnit report)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -70,8 +71,8 @@ class TestRun:
 
 
 class Runner(Protocol):
-    def command(self, tree: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
-        """(argv prefix up to and including ``-m pytest``, environment) for a run in ``tree``."""
+    def command(self, tree: Path, workdir: Path) -> tuple[str, dict[str, str]]:
+        """(the Python that runs pytest, its environment) for a run in ``tree``."""
         ...
 
 
@@ -81,10 +82,10 @@ class PythonRunner:
 
     python: str = sys.executable
 
-    def command(self, tree: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
-        env = {k: v for k, v in os.environ.items() if k not in _LEAKY}
-        env.update(PYTHONPATH=os.fspath(tree), PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
-        return [self.python, "-m", "pytest"], env
+    def command(self, tree: Path, workdir: Path) -> tuple[str, dict[str, str]]:
+        env = scratch_environ(workdir)
+        env.update(PYTHONPATH=os.fspath(tree), PYTHONDONTWRITEBYTECODE="1")
+        return self.python, env
 
 
 @dataclass(frozen=True)
@@ -93,11 +94,11 @@ class TestEnvRunner:
 
     __test__ = False
 
-    def command(self, tree: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+    def command(self, tree: Path, workdir: Path) -> tuple[str, dict[str, str]]:
         from vllm_overlay.testing.testenv import ensure_testenv
 
         env = ensure_testenv(tree)
-        return [os.fspath(env.python), "-m", "pytest"], env.environ(workdir, tree)
+        return os.fspath(env.python), env.environ(workdir, tree)
 
 
 def runner_for(tree: Path, test_python: str | None = None) -> Runner:
@@ -168,34 +169,45 @@ def stage_tests(
     return targets, notes
 
 
-def parse_counts(output: str, run_: TestRun) -> None:
-    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-    for line in reversed(lines):
-        found = _COUNT_RE.findall(line)
-        if found:
-            run_.summary = line.strip("= ").strip()
-            for num, what in found:
-                key = "errors" if what.startswith("error") else what
-                if hasattr(run_, key) and key in ("passed", "failed", "errors", "skipped"):
-                    setattr(run_, key, int(num))
-            return
-    run_.summary = lines[-1].strip() if lines else "(no output)"
-
-
 def run_tests(
     runner: Runner, tree: Path, targets: Sequence[str], workdir: Path, log: Path
 ) -> TestRun:
-    """Run pytest over ``targets`` from ``workdir``; the full output goes to ``log``."""
+    """Run pytest over ``targets`` from ``workdir`` (the one runner; outcomes from its JUnit
+    report, written beside ``log``); the full output goes to ``log``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    prefix, env = runner.command(tree, workdir)
-    argv = [*prefix, "-q", "-rfE", "-p", "no:cacheprovider", *targets]
+    python, env = runner.command(tree, workdir)
     info(f"running {len(targets)} test target(s) against {tree}")
-    out = run(*argv, cwd=workdir, env=env, check=False, timeout=TIMEOUT_S)
-    atomic_write_text(log, f"$ {' '.join(argv)}\n\n{out.stdout}\n{out.stderr}")
-    result = TestRun(
-        targets=list(targets), returncode=out.returncode, log=os.fspath(log), python=prefix[0]
+    run = pytest_runner.run_pytest(
+        python,
+        ["--rootdir", os.fspath(tree), *targets],
+        cwd=workdir,
+        environ=env,
+        files=pytest_runner.RunFiles(log.parent / f"{log.stem}-files", log_file=log),
+        label="proof",
+        limit=TIMEOUT_S,
     )
-    parse_counts(out.stdout, result)
-    errors = [ln[1:].strip() for ln in out.stdout.splitlines() if ln.startswith("E   ")]
-    result.first_error = errors[0] if errors else ""
+    return to_test_run(list(targets), python, run)
+
+
+def to_test_run(targets: list[str], python: str, run: pytest_runner.PytestRun) -> TestRun:
+    """The ``TestRun`` of one pytest run, from its JUnit report."""
+    n = run.counts()
+    result = TestRun(
+        targets=targets,
+        returncode=run.returncode,
+        passed=n["passed"],
+        failed=n["failed"],
+        errors=n["error"],
+        skipped=n["skipped"],
+        log=os.fspath(run.log),
+        python=python,
+    )
+    if run.junit is None:
+        result.summary = f"pytest did not finish (exit code {run.returncode}, no JUnit report)"
+    elif not run.results:
+        result.summary = f"no tests ran (pytest exit code {run.returncode})"
+    else:
+        result.summary = f"{result.counts()} in {run.seconds:.1f}s"
+    failing = [r for r in run.results.values() if r.failing]
+    result.first_error = f"{failing[0].nodeid}: {failing[0].summary}" if failing else ""
     return result

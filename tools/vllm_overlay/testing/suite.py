@@ -4,39 +4,19 @@ On a machine without a GPU many of vLLM's tests fail for reasons unrelated to th
 overlay, so the verdict is a comparison: the same selection, in the same environment, on
 pristine upstream (the baseline) and on the patched tree. See docs/suite.md.
 
-How one side runs (``run_side``), the same for both sides and both modes:
-1. a scratch directory ``<work>/runs/<side>/``, made anew;
-2. ``root/``: a copy of the tree's ``tests/`` and its pytest configuration: the tests run
-   from there, so the tree gets nothing but bytecode in its (ignored) ``__pycache__``;
-3. the code under test: the tree itself (``tree`` mode), or a wheel installed with
-   ``pip install --no-deps --target site/`` (``wheel`` mode, for GPU machines); it goes
-   first on PYTHONPATH. This is the only step in which the modes differ;
-4. a preflight import of pytest, its plugins and vllm (a missing package is named);
-5. pytest with pytest-xdist workers (a crashed test fails alone), a per-test timeout, our
-   plugin (markers, progress, hard watchdog) and a JUnit report, from ``cwd/``.
-
-The baseline is cached under ``cache_dir()/suite-baselines/<key>.json``, keyed by the
-upstream pin, the environment's recipe, the selection, the run options and the source of
-this module and the plugin (a change to how a side runs invalidates cached baselines).
+This module chooses what runs (the selection) and puts the comparison together. How one
+side runs is ``vllm_overlay.testing.side``; the cached baseline is
+``vllm_overlay.testing.baseline``; pytest itself runs through ``vllm_overlay.testing.runner``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import util
-from vllm_overlay.errors import SuiteError, UsageError
+from vllm_overlay.errors import UsageError
 from vllm_overlay.gitrepo import git
 from vllm_overlay.overlay.checkout import apply_overlay
 from vllm_overlay.overlay.model import Overlay
@@ -44,101 +24,42 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.testing import contract as suite_plugin
-from vllm_overlay.testing import testenv
-from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit, parse_junit_file
+from vllm_overlay.testing.baseline import (
+    CorruptBaseline,
+    baseline_key,
+    baseline_path,
+    load_baseline,
+    store_baseline,
+)
 from vllm_overlay.testing.report import Comparison, RunInfo, RunView, compare, render_text, to_json
-
-DEFAULT_SELECTION = ("tests/v1/kv_connector/unit",)
-DEFAULT_TIMEOUT = 120  # seconds per test; the slowest test at 0.24.0 takes ~7 s here
-HARD_TIMEOUT_GRACE = 60  # the watchdog fires this long after the per-test timeout
-DEFAULT_WORKERS = 2
-RUN_LIMIT = 3 * 3600  # a whole pytest run; only a wedged pytest itself gets near it
-PROGRESS_EVERY = 20.0
-FORMAT = 1  # of the cached baseline entry
-PLUGIN_MODULE = "vllm_overlay_suite_plugin"
-PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
-
-# Variables that would make the tests import something other than the code under test.
-_LEAKY = (
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "VIRTUAL_ENV",
-    "PYTEST_ADDOPTS",
-    "PYTEST_PLUGINS",
-    "PYTEST_XDIST_AUTO_NUM_WORKERS",
-    "VLLM_OVERLAY_TREE",
+from vllm_overlay.testing.side import (
+    DEFAULT_TIMEOUT,
+    DEFAULT_WORKERS,
+    EnvProvider,
+    RunEnv,
+    RunOptions,
+    Scratch,
+    Side,
+    SideRun,
+    empty_run,
+    python_provider,
+    run_side,
+    testenv_provider,
 )
 
+__all__ = [  # what `vllm-overlay suite` uses from here, wherever it is defined
+    "DEFAULT_SELECTION",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_WORKERS",
+    "RunOptions",
+    "SuiteRequest",
+    "python_provider",
+    "run_suite",
+    "testenv_provider",
+]
 
-# --- environments ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunEnv:
-    """A Python environment the tests run in; vLLM comes from ``code_root`` on PYTHONPATH."""
-
-    python: Path
-    recipe: str  # identifies the environment's content (part of the baseline key)
-    description: str
-    environ: Callable[[Path, Path], dict[str, str]]  # (scratch dir, code root) -> variables
-
-
-EnvProvider = Callable[[Path], RunEnv]  # the patched tree -> the environment for both sides
-
-
-def testenv_provider(tree: Path) -> RunEnv:
-    """The CPU test environment (vllm_overlay.testing.testenv), built from the tree's requirements."""
-    env = testenv.ensure_testenv(tree)
-    return RunEnv(
-        python=env.python,
-        recipe=f"testenv:{env.recipe_hash}",
-        description=f"testenv {env.recipe_hash} (torch {env.torch_version})",
-        environ=env.environ,
-    )
-
-
-def python_provider(python: Path) -> EnvProvider:
-    """An existing environment (on a GPU machine: one with the wheel's CUDA torch)."""
-
-    python = Path(os.path.abspath(python))  # not resolved: a venv's python is a symlink
-
-    def provide(tree: Path) -> RunEnv:
-        if not python.exists():
-            raise UsageError(f"--python {python}: no such interpreter.")
-        listing = util.run(
-            python,
-            "-c",
-            "import importlib.metadata as m, sys; print(sys.version.split()[0]); "
-            "print('\\n'.join(sorted(f'{d.metadata[\"Name\"]}=={d.version}' "
-            "for d in m.distributions())))",
-            env=_clean_environ(),
-            hint=f"{python} could not run; pass a working Python interpreter to --python.",
-        ).stdout
-        digest = util.sha256_bytes(listing.encode())[:16]
-        version = listing.splitlines()[0] if listing else "?"
-        return RunEnv(
-            python=python,
-            recipe=f"python:{digest}",
-            description=f"{python} (Python {version}, packages {digest})",
-            environ=_plain_environ,
-        )
-
-    return provide
-
-
-def _clean_environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _LEAKY}
-
-
-def _plain_environ(scratch: Path, code_root: Path) -> dict[str, str]:
-    env = _clean_environ()
-    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
-    env["TMPDIR"] = os.fspath(scratch / "tmp")  # bytecode stays where it is: see testenv
-    env["PYTHONPATH"] = os.fspath(code_root)
-    env["PYTHONNOUSERSITE"] = "1"
-    return env
+DEFAULT_SELECTION = ("tests/v1/kv_connector/unit",)
+FORMAT = 1  # of the JSON report's meta
 
 
 # --- selection ---------------------------------------------------------------------------
@@ -181,488 +102,6 @@ def check_selection(tree: Path, selection: tuple[str, ...]) -> tuple[str, ...]:
 def baseline_selection(pristine: Path, selection: tuple[str, ...]) -> tuple[str, ...]:
     """The selection without the paths pristine upstream does not have (files we add)."""
     return tuple(e for e in selection if (pristine / _file_part(e)).exists())
-
-
-# --- running one side --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    timeout: int = DEFAULT_TIMEOUT
-    workers: int = DEFAULT_WORKERS
-
-    def key(self) -> dict[str, int]:
-        return {"timeout": self.timeout, "workers": self.workers}
-
-
-@dataclass(frozen=True)
-class Side:
-    name: str  # "baseline" | "patched"
-    tree: Path  # the tests come from here (and the code, unless a wheel is given)
-    selection: tuple[str, ...]
-    wheel: Path | None = None
-
-
-@dataclass
-class SideRun:
-    """The outcome of one side: per-test results, what was collected, the JUnit text."""
-
-    name: str
-    results: dict[str, TestResult]
-    collected: tuple[str, ...]
-    junit_xml: str
-    seconds: float
-    cached: bool = False
-    returncode: int = 0
-    log: Path | None = None
-    selection: tuple[str, ...] = ()
-
-    @property
-    def not_run(self) -> tuple[str, ...]:
-        return tuple(n for n in self.collected if n not in self.results)
-
-
-@dataclass(frozen=True)
-class Scratch:
-    """The directories of one side's run."""
-
-    base: Path
-
-    @property
-    def root(self) -> Path:  # the copy of tests/ and the pytest configuration
-        return self.base / "root"
-
-    @property
-    def cwd(self) -> Path:
-        return self.base / "cwd"
-
-    @property
-    def plugin(self) -> Path:
-        return self.base / "plugin"
-
-    @property
-    def out(self) -> Path:  # what the plugin writes
-        return self.base / "out"
-
-    @property
-    def site(self) -> Path:  # wheel mode: the installed wheel
-        return self.base / "site"
-
-    @property
-    def env(self) -> Path:  # TMPDIR and the caches
-        return self.base / "env"
-
-    @property
-    def junit(self) -> Path:
-        return self.base / "junit.xml"
-
-    @property
-    def log(self) -> Path:
-        return self.base / "pytest.log"
-
-    def make(self) -> None:
-        shutil.rmtree(self.base, ignore_errors=True)
-        for d in (self.root, self.cwd, self.plugin, self.out, self.env):
-            d.mkdir(parents=True)
-
-
-def empty_run(name: str) -> SideRun:
-    return SideRun(name=name, results={}, collected=(), junit_xml=_EMPTY_JUNIT, seconds=0.0)
-
-
-_EMPTY_JUNIT = '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="0"/></testsuites>\n'
-
-
-def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> SideRun:
-    """Run ``side``'s selection in ``env``; a failing test is a result, not an exception."""
-    if not side.selection:
-        return empty_run(side.name)
-    scratch.make()
-    config = copy_tests(side.tree, scratch.root)
-    code_root = side.tree if side.wheel is None else install_wheel(env, side.wheel, scratch)
-    environ = side_environ(env, scratch, code_root, opts)
-    preflight(env, environ, scratch, code_root, opts)
-    cmd = pytest_command(env, side, scratch, config, opts)
-    started = time.monotonic()
-    with _short_ray_tmpdir(environ):
-        rc = _run_with_progress(cmd, environ, scratch, side.name, started)
-    seconds = time.monotonic() - started
-    if rc not in (0, 1) or not scratch.junit.is_file():
-        raise SuiteError(
-            f"pytest on the {side.name} tree did not finish (exit code {rc}, "
-            f"{'no' if not scratch.junit.is_file() else 'a'} JUnit report). The end of its "
-            f"log ({scratch.log}):\n{_tail(scratch.log)}\nFix the cause and run it again."
-        )
-    collected_file = scratch.out / suite_plugin.COLLECTED
-    collected = tuple(collected_file.read_text().splitlines()) if collected_file.exists() else ()
-    return SideRun(
-        name=side.name,
-        results=parse_junit_file(scratch.junit),
-        collected=collected,
-        junit_xml=scratch.junit.read_text(errors="replace"),
-        seconds=seconds,
-        returncode=rc,
-        log=scratch.log,
-        selection=side.selection,
-    )
-
-
-@contextlib.contextmanager
-def _short_ray_tmpdir(environ: dict) -> Iterator[None]:
-    """Point RAY_TMPDIR at a short directory for the run, removed afterwards.
-
-    Ray puts AF_UNIX sockets under ``$RAY_TMPDIR/ray/session_<time>_<pid>/sockets/``, and
-    such a path may not exceed 107 bytes: under a deep work directory every test that starts
-    Ray fails with ``AF_UNIX path length cannot exceed 107 bytes``, on both sides.
-    """
-    path = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
-    environ["RAY_TMPDIR"] = path
-    try:
-        yield
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def copy_tests(tree: Path, root: Path) -> Path:
-    """Copy the tree's tests/ and pytest configuration into ``root``; returns the config."""
-    if not (tree / "tests").is_dir():
-        raise UsageError(f"{tree} has no tests/ directory: pass the root of a vLLM tree.")
-    shutil.copytree(
-        tree / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-    )
-    for name in PYTEST_CONFIGS:
-        if (tree / name).is_file():
-            shutil.copy2(tree / name, root / name)
-    for name in PYTEST_CONFIGS:
-        if _has_pytest_config(root / name):
-            return root / name
-    util.atomic_write_text(root / "pytest.ini", "[pytest]\n")  # so no config above is used
-    return root / "pytest.ini"
-
-
-def _has_pytest_config(path: Path) -> bool:
-    if not path.is_file():
-        return False
-    if path.name in ("pytest.ini", ".pytest.ini"):
-        return True
-    text = path.read_text(errors="replace")
-    heading = {
-        "pyproject.toml": "[tool.pytest.ini_options]",
-        "tox.ini": "[pytest]",
-        "setup.cfg": "[tool:pytest]",
-    }[path.name]
-    return heading in text
-
-
-def install_wheel(env: RunEnv, wheel: Path, scratch: Scratch) -> Path:
-    """Install the wheel's files (not its dependencies) into ``scratch.site``."""
-    util.info(f"suite: installing {wheel.name} into {scratch.site}")
-    util.run(
-        env.python,
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--no-deps",
-        "--no-compile",
-        "--disable-pip-version-check",
-        "--target",
-        scratch.site,
-        wheel,
-        env=_clean_environ(),
-        hint=f"pip could not install {wheel} into the test environment ({env.python}).",
-    )
-    return scratch.site
-
-
-def side_environ(env: RunEnv, scratch: Scratch, code_root: Path, opts: RunOptions) -> dict:
-    environ = env.environ(scratch.env, code_root)
-    shutil.copyfile(suite_plugin.PLUGIN_FILE, scratch.plugin / f"{PLUGIN_MODULE}.py")
-    environ["PYTHONPATH"] = os.pathsep.join([os.fspath(scratch.plugin), environ["PYTHONPATH"]])
-    environ[suite_plugin.DIR_ENV] = os.fspath(scratch.out)
-    environ[suite_plugin.HARD_TIMEOUT_ENV] = str(opts.timeout + HARD_TIMEOUT_GRACE)
-    environ["PYTHONUNBUFFERED"] = "1"
-    return environ
-
-
-_PREFLIGHT = """\
-import importlib, json, sys
-for name in sys.argv[1:]:
-    try:
-        mod = importlib.import_module(name)
-    except BaseException as e:
-        missing = getattr(e, "name", None) if isinstance(e, ImportError) else None
-        print(json.dumps({"failed": name, "missing": missing, "error": f"{type(e).__name__}: {e}"}))
-        sys.exit(3)
-import vllm
-print(json.dumps({"vllm": vllm.__file__, "version": getattr(vllm, "__version__", "?")}))
-"""
-
-
-def preflight(
-    env: RunEnv, environ: dict, scratch: Scratch, code_root: Path, opts: RunOptions
-) -> None:
-    """Import what the run needs; say exactly what is missing before minutes are spent."""
-    modules = ["pytest", "pytest_timeout", *(["xdist"] if opts.workers else []), "vllm"]
-    out = util.run(
-        env.python, "-c", _PREFLIGHT, *modules, cwd=scratch.cwd, env=environ, check=False
-    )
-    try:
-        doc = json.loads(out.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        raise SuiteError(
-            f"the test environment ({env.description}) could not even start Python:\n"
-            f"{out.stderr.strip()[-2000:]}"
-        ) from None
-    if "failed" in doc:
-        raise SuiteError(_preflight_message(env, doc))
-    imported = Path(doc["vllm"]).resolve()
-    if not imported.is_relative_to(code_root.resolve()):
-        raise SuiteError(
-            f"the test environment imports vllm from {imported}, not from the code under test "
-            f"({code_root}). Remove vllm from that environment (pip uninstall vllm) or use "
-            "another one."
-        )
-
-
-def _preflight_message(env: RunEnv, doc: dict) -> str:
-    name, missing, error = doc["failed"], doc.get("missing"), doc["error"]
-    what = f"the package that provides {missing!r} is missing" if missing else error
-    if name == "vllm":
-        return (
-            f"the test environment ({env.description}) cannot import vllm: {error}. "
-            f"Missing: {missing or 'see the error'}. Rebuild it (`vllm-overlay testenv --tree "
-            "DIR --rebuild`), or with --python, install vLLM's requirements into it."
-        )
-    package = {"pytest_timeout": "pytest-timeout", "xdist": "pytest-xdist"}.get(name, name)
-    return (
-        f"the test environment ({env.description}) cannot import {name}: {what}. "
-        f"Install {package} into it, or pass --workers 0 to run without pytest-xdist."
-        if name == "xdist"
-        else f"the test environment ({env.description}) cannot import {name}: {what}. "
-        f"Install {package} into it."
-    )
-
-
-def pytest_command(
-    env: RunEnv, side: Side, scratch: Scratch, config: Path, opts: RunOptions
-) -> list[str]:
-    cmd = [
-        os.fspath(env.python),
-        "-m",
-        "pytest",
-        *(os.fspath(scratch.root / e) for e in side.selection),
-        "-c",
-        os.fspath(config),
-        "--rootdir",
-        os.fspath(scratch.root),
-        "-p",
-        PLUGIN_MODULE,
-        "-p",
-        "no:cacheprovider",
-        "--junitxml",
-        os.fspath(scratch.junit),
-        "-o",
-        "junit_family=xunit1",
-        "-o",
-        "junit_logging=all",
-        "-o",
-        "junit_log_passing_tests=false",
-        "--continue-on-collection-errors",
-        "--timeout",
-        str(opts.timeout),
-        "--timeout-method",
-        "signal",
-        "-q",
-        "-rfE",
-        "--color=no",
-    ]
-    if opts.workers:
-        cmd += ["-n", str(opts.workers)]
-    return cmd
-
-
-def _run_with_progress(
-    cmd: list[str], environ: dict, scratch: Scratch, label: str, started: float
-) -> int:
-    util.info(f"suite: running the {label} tree's tests (log: {scratch.log})")
-    with open(scratch.log, "wb") as log, _process_group(cmd, environ, scratch.cwd, log) as proc:
-        last = ""
-        next_report = started + PROGRESS_EVERY
-        while True:
-            try:
-                return proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if now - started > RUN_LIMIT:
-                raise SuiteError(
-                    f"pytest on the {label} tree ran longer than {RUN_LIMIT // 60} min and was "
-                    f"stopped. Its log: {scratch.log}."
-                )
-            if now >= next_report:
-                next_report = now + PROGRESS_EVERY
-                line = progress_line(label, scratch.out / suite_plugin.PROGRESS, now - started)
-                if line != last:
-                    util.info(line)
-                    last = line
-
-
-@contextlib.contextmanager
-def _process_group(
-    cmd: list[str], environ: dict, cwd: Path, log: object
-) -> Iterator[subprocess.Popen[bytes]]:
-    """pytest and its workers in their own process group, all stopped if we stop early."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=environ,
-        stdin=subprocess.DEVNULL,
-        stdout=log,  # type: ignore[arg-type]
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def progress_line(label: str, progress_file: Path, elapsed: float) -> str:
-    try:
-        doc = json.loads(progress_file.read_text())
-    except (OSError, json.JSONDecodeError):
-        return f"suite: {label}: collecting tests ({_duration(elapsed)})"
-    total, done, counts = doc.get("total"), doc.get("done", 0), doc.get("counts", {})
-    parts = ", ".join(
-        f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped") if counts.get(k)
-    )
-    return (
-        f"suite: {label}: {done}/{total or '?'} tests ({parts or 'starting'}), {_duration(elapsed)}"
-    )
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min"
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return "    (no log)"
-    return "\n".join("    " + line for line in text.splitlines()[-lines:])
-
-
-# --- the baseline cache ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BaselineKey:
-    inputs: dict = field(hash=False)
-
-    @property
-    def digest(self) -> str:
-        text = json.dumps(self.inputs, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def baseline_key(
-    upstream: dict, code: str, env: RunEnv, selection: tuple[str, ...], opts: RunOptions
-) -> BaselineKey:
-    return BaselineKey(
-        {
-            "format": FORMAT,
-            "upstream": upstream,
-            "code": code,
-            "environment": env.recipe,
-            "selection": list(selection),
-            "options": opts.key(),
-            "runner": _runner_digest(),
-        }
-    )
-
-
-def _runner_digest() -> str:
-    """This module and the plugin: a change to how a side runs invalidates baselines."""
-    h = hashlib.sha256()
-    for path in (__file__, suite_plugin.PLUGIN_FILE):
-        h.update(Path(path).read_bytes())
-    return h.hexdigest()[:16]
-
-
-def baseline_path(key: BaselineKey) -> Path:
-    return util.cache_dir() / "suite-baselines" / f"{key.digest}.json"
-
-
-def store_baseline(key: BaselineKey, run: SideRun) -> Path:
-    path = baseline_path(key)
-    doc = {
-        "format": FORMAT,
-        "key": key.digest,
-        "inputs": key.inputs,
-        "seconds": round(run.seconds, 1),
-        "returncode": run.returncode,
-        "collected": list(run.collected),
-        "junit_sha256": util.sha256_bytes(run.junit_xml.encode()),
-        "junit": run.junit_xml,
-    }
-    util.atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    return path
-
-
-class CorruptBaseline(SuiteError):
-    """A cached baseline that cannot be trusted; it is rebuilt."""
-
-
-def load_baseline(key: BaselineKey) -> SideRun | None:
-    """The cached baseline for ``key``; None if there is none; CorruptBaseline if unusable."""
-    path = baseline_path(key)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise CorruptBaseline(f"{path} cannot be read ({e})") from None
-    try:
-        doc = json.loads(text)
-        if not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
-        if doc.get("format") != FORMAT or doc.get("key") != key.digest:
-            raise ValueError("written for another format or key")
-        junit_xml, collected = doc["junit"], doc["collected"]
-        if util.sha256_bytes(junit_xml.encode()) != doc["junit_sha256"]:
-            raise ValueError("its JUnit report does not match its recorded sha256")
-        if not all(isinstance(c, str) for c in collected):
-            raise ValueError("its list of collected tests is malformed")
-        results = parse_junit(junit_xml, f"the JUnit report cached in {path}")
-        seconds = float(doc["seconds"])
-    except (ValueError, KeyError, TypeError, AttributeError, JunitError) as e:
-        raise CorruptBaseline(f"{path} is corrupt ({e})") from None
-    return SideRun(
-        name="baseline",
-        results=results,
-        collected=tuple(collected),
-        junit_xml=junit_xml,
-        seconds=seconds,
-        cached=True,
-        returncode=int(doc.get("returncode", 0)),
-        selection=tuple(key.inputs["selection"]),
-    )
 
 
 # --- the whole comparison ----------------------------------------------------------------

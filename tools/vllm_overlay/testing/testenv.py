@@ -37,6 +37,7 @@ leaves nothing behind.
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
 import json
 import os
@@ -47,11 +48,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from vllm_overlay import util
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.testing import installer
+from vllm_overlay.testing.childenv import clean_environ, scratch_environ
 
 # Bump when the layout of the environment or the way it is built changes.
-FORMAT = 1
+FORMAT = 2  # 2: built with uv where installed; pinned by constraints/
 
 PYTHON = "3.11"
 TORCH = "torch==2.13.0"
@@ -136,31 +141,10 @@ HF_MODELS = (
 )
 
 MARKER = "testenv.json"
+FREEZE = "freeze.txt"
+CONSTRAINTS_DIR = "constraints"
 VENV = "venv"
 HF_HOME = "hf"
-
-# Inherited variables that would change what the tests import or how they run.
-_LEAKY = (
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONSAFEPATH",
-    "PYTHONUSERBASE",
-    "PYTHONPYCACHEPREFIX",
-    "PYTHONDONTWRITEBYTECODE",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "__PYVENV_LAUNCHER__",
-    "PYTEST_ADDOPTS",
-    "PYTEST_PLUGINS",
-    "VLLM_PLUGINS",
-    "VLLM_TARGET_DEVICE",
-    "VLLM_OVERLAY_TREE",
-    "HF_HUB_CACHE",
-    "HF_HOME",
-    "HUGGINGFACE_HUB_CACHE",
-    "TRANSFORMERS_CACHE",
-)
 
 
 @dataclass(frozen=True)
@@ -174,6 +158,9 @@ class Recipe:
     test_tools: tuple[str, ...]
     plugin_files: tuple[tuple[str, str], ...]
     hf_models: tuple[tuple[str, str], ...]  # (repo id, config.json text)
+    upstream: str = ""  # "vllm 0.24.0", from the tree's PKG-INFO; "" when it has none
+    constraints_file: str = ""  # e.g. constraints/testenv-vllm-0.24.0.txt; "": resolved freely
+    constraints: str = ""  # that file's text: the exact set every build installs
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -182,8 +169,11 @@ class Recipe:
     def hash(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
-    def install_args(self, plugin_dir: Path, requirements_file: Path) -> list[str]:
+    def install_args(
+        self, plugin_dir: Path, requirements_file: Path, constraints_file: Path | None = None
+    ) -> list[str]:
         return [
+            *(["-c", os.fspath(constraints_file)] if constraints_file else []),
             self.torch,
             "-r",
             os.fspath(requirements_file),
@@ -206,19 +196,17 @@ class TestEnv:
     def environ(self, workdir: Path, tree: Path) -> dict[str, str]:
         """The environment for running vLLM's pytest from ``tree`` with this env.
 
-        Based on ``os.environ`` without the variables that would leak another Python setup
-        into the run. Temporary files, Ray's session files and compile caches go under
-        ``workdir`` (created here); the Hugging Face hub is offline and reads the
+        Based on ``scratch_environ``: no variable that would leak another Python setup into
+        the run; temporary files and compile caches under ``workdir`` (created here), Ray's
+        session files in a short directory (its socket paths); the Hugging Face hub is offline and reads the
         config-only cache in the environment. Bytecode is cached as usual, in the tree's
         ``__pycache__`` directories (ignored by vLLM's .gitignore): a bytecode prefix would
         also move torch's, and recompiling it costs about a minute a run.
         """
         workdir = Path(workdir).resolve()
         tree = Path(tree).resolve()
-        env = {k: v for k, v in os.environ.items() if k not in _LEAKY}
+        env = scratch_environ(workdir)
         dirs = {
-            "TMPDIR": workdir / "tmp",
-            "RAY_TMPDIR": workdir / "ray",
             "TORCHINDUCTOR_CACHE_DIR": workdir / "inductor",
             "TRITON_CACHE_DIR": workdir / "triton",
             "VLLM_CACHE_ROOT": workdir / "vllm-cache",
@@ -238,7 +226,6 @@ class TestEnv:
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
                 "RAY_USAGE_STATS_ENABLED": "0",
-                "PYTHONNOUSERSITE": "1",
             }
         )
         return env
@@ -281,9 +268,41 @@ def _requirement_lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
     return lines
 
 
-def recipe(tree: Path) -> Recipe:
-    """The recipe of the test environment for the vLLM source tree ``tree``."""
+def tree_release(tree: Path) -> tuple[str, str] | None:
+    """(name, version) of a vLLM source tree, from the PKG-INFO its sdist has; None without."""
+    try:
+        meta = email.parser.Parser().parsestr((Path(tree) / "PKG-INFO").read_text(errors="replace"))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    name, version = meta.get("Name"), meta.get("Version")
+    return (canonicalize_name(name), version) if name and version else None
+
+
+def constraints_path(name: str, version: str, project: Path | None = None) -> Path | None:
+    """The committed constraints file of the test environment for ``name`` ``version``,
+    in the overlay project's constraints/ directory (None outside a project)."""
+    if project is None:
+        try:
+            project = util.project_root()
+        except OverlayError:
+            return None
+    return project / CONSTRAINTS_DIR / f"testenv-{name}-{version}.txt"
+
+
+def recipe(tree: Path, *, pinned: bool = True) -> Recipe:
+    """The recipe of the test environment for the vLLM source tree ``tree``.
+
+    ``pinned``: install exactly the set in the project's constraints file for the tree's
+    release, when there is one (else, or with ``pinned=False``, resolve freely).
+    """
     tree = Path(tree)
+    release = tree_release(tree)
+    upstream, cfile, ctext = "", "", ""
+    if release is not None:
+        upstream = " ".join(release)
+        path = constraints_path(*release) if pinned else None
+        if path is not None and path.is_file():
+            cfile, ctext = f"{CONSTRAINTS_DIR}/{path.name}", path.read_text()
     return Recipe(
         format=FORMAT,
         python=PYTHON,
@@ -295,12 +314,20 @@ def recipe(tree: Path) -> Recipe:
             (repo, json.dumps(config, indent=2, sort_keys=True) + "\n")
             for repo, config in HF_MODELS
         ),
+        upstream=upstream,
+        constraints_file=cfile,
+        constraints=ctext,
     )
 
 
 def root() -> Path:
     """Where test environments live."""
     return util.cache_dir() / "testenv"
+
+
+def lock_path(rec: Recipe) -> Path:
+    """One lock per recipe: builds of different environments do not wait for each other."""
+    return root() / "locks" / f"{rec.hash}.lock"
 
 
 def load(path: Path) -> TestEnv | None:
@@ -316,24 +343,26 @@ def load(path: Path) -> TestEnv | None:
     return TestEnv(path=path, python=python, recipe_hash=recipe_hash, torch_version=torch_version)
 
 
-def ensure_testenv(tree: Path, *, rebuild: bool = False) -> TestEnv:
-    """The test environment for ``tree``: the cached one, else built now (a minute or two).
+def ensure_testenv(tree: Path, *, rebuild: bool = False, pinned: bool = True) -> TestEnv:
+    """The test environment for ``tree``: the cached one, else built now (half a minute with
+    uv, a minute or two with pip).
 
-    Returns at once, without calling pip, when the environment for this recipe exists
-    and is complete. ``rebuild`` builds it anew and replaces the cached one.
+    Returns at once, without calling an installer, when the environment for this recipe
+    exists and is complete. ``rebuild`` builds it anew and replaces the cached one;
+    ``pinned=False`` ignores the constraints file (see ``recipe``).
     """
-    rec = recipe(tree)
+    rec = recipe(tree, pinned=pinned)
     final = root() / rec.hash
     if not rebuild:
         existing = load(final)
         if existing is not None:
             return existing
-    with util.exclusive_lock(root() / ".lock", "the test environments"):
+    with util.exclusive_lock(lock_path(rec), f"the test environment {rec.hash}"):
         if not rebuild:
             existing = load(final)  # another process may have finished it meanwhile
             if existing is not None:
                 return existing
-        for stale in root().glob(f"{rec.hash}.*"):
+        for stale in [*root().glob(f"{rec.hash}.build-*"), root() / f"{rec.hash}.old"]:
             shutil.rmtree(stale, ignore_errors=True)  # left by a killed build
         staging = Path(tempfile.mkdtemp(prefix=f"{rec.hash}.build-", dir=root()))
         try:
@@ -366,21 +395,24 @@ def _python_for(version: str) -> str:
     return found
 
 
-def _build_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LEAKY}
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    env["PYTHONNOUSERSITE"] = "1"
-    return env
-
-
 def _build(rec: Recipe, staging: Path) -> str:
     """Build the environment of ``rec`` in ``staging``; returns the installed torch version."""
     started = time.monotonic()
-    util.info(f"testenv: building {rec.hash} in {staging} (pip, a minute or two)")
-    env = _build_env()
-    venv = staging / VENV
-    util.run(_python_for(rec.python), "-m", "venv", venv, env=env)
-    python = venv / "bin" / "python"
+    inst = installer.installer()
+    how = "uv, half a minute" if inst.uv else "pip, a minute or two"
+    util.info(f"testenv: building {rec.hash} in {staging} ({how})")
+    if rec.constraints_file:
+        util.info(f"testenv: installing exactly the set pinned in {rec.constraints_file}")
+    elif rec.upstream:
+        util.info(
+            f"testenv: no constraints file for {rec.upstream}: resolving freely (other "
+            "machines may get other versions). Pin it with `vllm-overlay testenv --tree DIR "
+            "--freeze` and commit the file."
+        )
+    else:
+        util.info("testenv: the tree has no PKG-INFO (no release): resolving freely")
+    env = inst.env(clean_environ())
+    python = inst.venv(_python_for(rec.python), staging / VENV, env)
 
     src = staging / "src"
     plugin_dir = src / PLUGIN_DIST
@@ -388,25 +420,22 @@ def _build(rec: Recipe, staging: Path) -> str:
         util.atomic_write_text(plugin_dir / name, text)
     requirements_file = src / "requirements.txt"
     util.atomic_write_text(requirements_file, "".join(f"{r}\n" for r in rec.requirements))
+    constraints_file = None
+    if rec.constraints:
+        constraints_file = src / "constraints.txt"
+        util.atomic_write_text(constraints_file, rec.constraints)
 
     n = len(rec.requirements) + len(rec.test_tools) + 2
-    util.info(f"testenv: pip install {rec.torch} and {n - 1} other requirements")
-    out = util.run(
+    util.info(f"testenv: {inst.name} install {rec.torch} and {n - 1} other requirements")
+    out = inst.install(
         python,
-        "-m",
-        "pip",
-        "install",
-        "--progress-bar",
-        "off",
-        *rec.install_args(plugin_dir, requirements_file),
-        env=env,
-        hint="pip could not install the test environment; see its output above. "
+        rec.install_args(plugin_dir, requirements_file, constraints_file),
+        env,
+        hint=f"{inst.name} could not install the test environment; see its output above. "
         "Nothing was kept; run it again once the cause is fixed.",
     )
-    util.atomic_write_text(staging / "pip-install.log", out.stdout + out.stderr)
-
-    freeze = util.run(python, "-m", "pip", "freeze", "--all", env=env).stdout
-    util.atomic_write_text(staging / "freeze.txt", freeze)
+    util.atomic_write_text(staging / "install.log", out.stdout + out.stderr)
+    util.atomic_write_text(staging / FREEZE, inst.freeze(python, env))
     torch_version = util.run(
         python, "-c", "import torch; print(torch.__version__)", env=env
     ).stdout.strip()
@@ -418,8 +447,33 @@ def _build(rec: Recipe, staging: Path) -> str:
 
     util.atomic_write_text(staging / "recipe.json", rec.to_json())
     seconds = round(time.monotonic() - started, 1)
-    marker = {"recipe_hash": rec.hash, "torch_version": torch_version, "build_seconds": seconds}
+    marker = {
+        "recipe_hash": rec.hash,
+        "torch_version": torch_version,
+        "build_seconds": seconds,
+        "installer": inst.name,
+    }
     # Written last: its presence means the environment is complete.
     util.atomic_write_text(staging / MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n")
-    util.info(f"testenv: built in {seconds} s")
+    util.info(f"testenv: built in {seconds} s with {inst.name}")
     return torch_version
+
+
+def freeze_constraints(env: TestEnv, rec: Recipe) -> str:
+    """The constraints file text that pins ``env``'s packages (the generated plugin left out)."""
+    lines = []
+    for line in (env.path / FREEZE).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or " @ " in line or line.startswith("-e "):
+            continue  # the generated plugin is installed from a local directory
+        name = canonicalize_name(line.split("==", 1)[0])
+        if name == canonicalize_name(PLUGIN_DIST):
+            continue
+        lines.append(line)
+    lines.sort(key=lambda ln: canonicalize_name(ln.split("==", 1)[0]))
+    head = (
+        f"# The CPU test environment of {rec.upstream}: the exact set every build installs.\n"
+        "# Generated by `vllm-overlay testenv --tree DIR --freeze`; regenerate it the same way\n"
+        "# (after a rebase, or to take newer versions) and commit it. See docs/testenv.md.\n"
+    )
+    return head + "".join(f"{ln}\n" for ln in lines)

@@ -1,0 +1,157 @@
+"""Making virtualenvs and installing into them: uv where it is installed, pip otherwise.
+
+uv (a dependency of this tool, so normally in its own virtualenv) builds the CPU test
+environment several times faster than pip: it downloads in parallel, resolves without
+building metadata, and links files from its cache instead of copying them. Where uv is
+missing (a tool installed without its dependencies), the same steps run with pip.
+
+uv does not read pip's configuration, so what pip is configured with is passed on: the
+index-url and extra-index-urls as ``UV_INDEX_URL``/``UV_EXTRA_INDEX_URL`` (in the
+environment, so credentials in them never reach a command line or an error message),
+find-links as ``--find-links``, the cert as ``SSL_CERT_FILE``; it takes the best match
+across all indexes as pip does (``--index-strategy unsafe-best-match``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_overlay import util
+
+INSTALLER_ENV = "VLLM_OVERLAY_INSTALLER"  # "pip" forces pip even where uv is installed
+
+
+def find_uv() -> str | None:
+    """The uv executable: the one installed with this tool, else uv on PATH, else None."""
+    if os.environ.get(INSTALLER_ENV, "").strip().lower() == "pip":
+        return None
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        pass
+    beside = Path(sys.executable).parent / "uv"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return os.fspath(beside)
+    return shutil.which("uv")
+
+
+@dataclass(frozen=True)
+class Installer:
+    """uv (``uv`` is its path) or pip (``uv`` is None)."""
+
+    uv: str | None
+
+    @property
+    def name(self) -> str:
+        return "uv" if self.uv else "pip"
+
+    def venv(self, python: str, dest: Path, env: dict[str, str]) -> Path:
+        """A new virtualenv at ``dest`` made from ``python``; returns its interpreter."""
+        if self.uv:
+            util.run(self.uv, "venv", "--quiet", "--no-config", "--python", python, dest, env=env)
+        else:
+            util.run(python, "-m", "venv", dest, env=env)
+        return dest / "bin" / "python"
+
+    def install_command(self, python: Path | str) -> list[str]:
+        """The argv prefix that installs packages into the environment of ``python``."""
+        if self.uv:
+            return [
+                self.uv,
+                "pip",
+                "install",
+                "--no-config",
+                "--python",
+                os.fspath(python),
+                "--index-strategy",
+                "unsafe-best-match",
+                *_find_links_args(),
+            ]
+        return [os.fspath(python), "-m", "pip", "install", "--progress-bar", "off"]
+
+    def install(
+        self, python: Path, args: Sequence[str], env: dict[str, str], hint: str
+    ) -> util.Output:
+        return util.run(*self.install_command(python), *args, env=env, hint=hint)
+
+    def freeze(self, python: Path, env: dict[str, str]) -> str:
+        """``name==version`` of everything installed in the environment of ``python``."""
+        if self.uv:
+            argv = [self.uv, "pip", "freeze", "--no-config", "--python", os.fspath(python)]
+        else:
+            argv = [os.fspath(python), "-m", "pip", "freeze", "--all"]
+        return util.run(*argv, env=env).stdout
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """The environment the installer runs in."""
+        env = dict(base)
+        env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        env["PYTHONNOUSERSITE"] = "1"
+        if self.uv:
+            env.update(uv_index_env())  # in the environment: no credentials in any argv
+            cert = _pip_setting("cert")
+            if cert and "SSL_CERT_FILE" not in env:
+                env["SSL_CERT_FILE"] = cert  # uv reads the CA bundle pip is told to use
+        return env
+
+
+def installer() -> Installer:
+    """uv if it is installed, else pip."""
+    return Installer(find_uv())
+
+
+def _pip_setting(key: str) -> str:
+    """A pip setting, as pip would read it: PIP_<KEY>, else pip's configuration files."""
+    from vllm_overlay.index.client import _pip_config
+
+    env = os.environ.get("PIP_" + key.upper().replace("-", "_"))
+    if env is not None:
+        return env
+    conf = _pip_config()
+    for section in (":env:", "install", "global"):
+        if f"{section}.{key}" in conf:
+            return conf[f"{section}.{key}"]
+    return ""
+
+
+def uv_index_env() -> dict[str, str]:
+    """pip's indexes as uv's variables (uv does not read pip's configuration)."""
+    from vllm_overlay.index.client import configured_index_urls
+
+    primary, *extras = configured_index_urls()
+    env = {"UV_INDEX_URL": primary}
+    if extras:
+        env["UV_EXTRA_INDEX_URL"] = " ".join(extras)
+    return env
+
+
+def _find_links_args() -> list[str]:
+    args = []
+    for link in _pip_setting("find-links").split():
+        args += ["--find-links", link]
+    return args
+
+
+def uv_index_args() -> list[str]:
+    """pip's indexes and find-links as uv options."""
+    env = uv_index_env()
+    args = ["--index-url", env["UV_INDEX_URL"]]
+    for url in env.get("UV_EXTRA_INDEX_URL", "").split():
+        args += ["--extra-index-url", url]
+    return args + _find_links_args()
+
+
+def main() -> None:
+    """Print pip's indexes as uv options, one per line (the Makefile bootstraps with them)."""
+    print("\n".join(["--index-strategy", "unsafe-best-match", *uv_index_args()]))
+
+
+if __name__ == "__main__":
+    main()
