@@ -465,7 +465,7 @@ def test_server_unreachable_names_the_url_without_credentials(wheels: Path, publ
     port = free_port()
     r = publish_cli(make_wheel(wheels), "--to", f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/")
     assert r.rc == 1
-    assert f"cannot reach the index at http://127.0.0.1:{port}/simple/vllm/" in r.err
+    assert f"the package index at http://127.0.0.1:{port}/simple/vllm/ is unreachable" in r.err
     assert PASSWORD not in r.all and f"{USER}:" not in r.all
 
 

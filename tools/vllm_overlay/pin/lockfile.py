@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from packaging.utils import parse_wheel_filename
+
 from vllm_overlay.errors import LockFileError
 from vllm_overlay.util import atomic_write_text, sha256_bytes
 
@@ -36,7 +38,8 @@ class Artifact:
     def platform_tag(self) -> str | None:
         if self.kind != "wheel":
             return None
-        return self.filename[: -len(".whl")].split("-")[-1]
+        _name, _version, _build, tags = parse_wheel_filename(self.filename)
+        return ".".join(sorted({t.platform for t in tags}))
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 Checks, each failure naming the member and what differs:
 - zip: the archive reads, no name is stored twice, every member's CRC holds;
+- names: every member stays inside the install (no absolute path, ``..`` or backslash);
 - record: every member has a RECORD row with its sha256 and size, and every row a member;
-- dist-info: exactly one ``.dist-info``, named for the file name's distribution and version;
+- dist-info: exactly one ``.dist-info``, named for the file name's distribution and version,
+  holding WHEEL;
 - metadata: METADATA's Version is the file name's version;
 - provenance: the record is there, its version is METADATA's, and ``vllm/_version.py``
   reports the version the record says;
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import re
 import sys
 import tempfile
 import zipfile
@@ -118,13 +121,7 @@ def verify_wheel(
     with zf:
         w = _Wheel(path, name, zf, [i.filename for i in zf.infolist()])
         result = VerifyResult(path, name.version, None)
-        steps = [
-            ("zip", lambda: _check_zip(w)),
-            ("record", lambda: _check_record(w)),
-            ("dist-info", lambda: _check_dist_info(w)),
-            ("metadata", lambda: _check_metadata(w)),
-        ]
-        for label, step in steps:
+        for label, step in [*_installable_steps(w), ("metadata", lambda: _check_metadata(w))]:
             _run_step(label, step, problems, result)
         doc, prov_problems = _check_provenance(w)
         result.provenance = doc
@@ -143,6 +140,38 @@ def verify_wheel(
         if problems:
             raise VerifyError(path, problems)
     return result
+
+
+def check_installable(path: Path) -> list[str]:
+    """What an installer checks before it writes anything, as "check: problem" lines (empty
+    when the wheel would install): the archive reads, member names stay inside the install,
+    RECORD lists every member with its hash and size, exactly one .dist-info (named for the
+    file name) holding WHEEL. ``publish`` refuses a wheel with any of these."""
+    path = Path(path)
+    try:
+        name = parse_name(path.name)
+    except BuildError as e:
+        return [f"name: {e}"]
+    problems: list[str] = []
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        return [f"zip: the archive cannot be read: {e}"]
+    with zf:
+        w = _Wheel(path, name, zf, [i.filename for i in zf.infolist()])
+        result = VerifyResult(path, name.version, None)
+        for label, step in _installable_steps(w):
+            _run_step(label, step, problems, result)
+    return problems
+
+
+def _installable_steps(w: _Wheel) -> list[tuple[str, Any]]:
+    return [
+        ("zip", lambda: _check_zip(w)),
+        ("names", lambda: _check_member_names(w)),
+        ("record", lambda: _check_record(w)),
+        ("dist-info", lambda: _check_dist_info(w)),
+    ]
 
 
 def _run_step(label: str, step: Any, problems: list[str], result: VerifyResult) -> None:
@@ -277,15 +306,31 @@ def _compare_row(n: str, row: RecordRow, hexd: str, size: int) -> list[str]:
 # -- names, METADATA, provenance -----------------------------------------------------------
 
 
+def _check_member_names(w: _Wheel) -> list[str]:
+    """Every member lands inside the install: no absolute path, drive, ``..`` or backslash."""
+    out = []
+    for n in w.names:
+        if n.startswith("/") or re.match(r"^[A-Za-z]:", n):
+            out.append(f"{n}: an absolute path; an installer would write outside the install")
+        elif "\\" in n:
+            out.append(f"{n}: contains a backslash; installers refuse such member names")
+        elif ".." in n.split("/"):
+            out.append(f"{n}: contains '..'; an installer would write outside the install")
+    return out
+
+
 def _check_dist_info(w: _Wheel) -> list[str]:
     dirs = dist_info_dirs(w.names)
     if len(dirs) != 1:
         return [f"expected exactly one .dist-info directory, found {len(dirs)}: {dirs}"]
     w.dist_info = dirs[0]
+    out = []
     want = w.name.dist_info
     if dirs[0] != want:
-        return [f"{dirs[0]}: expected {want} (from the file name)"]
-    return []
+        out.append(f"{dirs[0]}: expected {want} (from the file name)")
+    if w.read(f"{dirs[0]}/WHEEL") is None:
+        out.append(f"{dirs[0]}/WHEEL is missing")
+    return out
 
 
 def _check_metadata(w: _Wheel) -> list[str]:
