@@ -13,18 +13,16 @@ Checks, each failure naming the member and what differs:
   files that are not wheel content (tests/) are absent, and the record names this overlay;
 - official (repack): every other member is the official wheel's, compressed bytes and all;
   (precompiled): the compiled members are the official wheel's, byte for byte;
-- install: ``pip install --no-deps --target`` into a temporary directory succeeds and
-  ``importlib.metadata`` there reports the wheel's version.
+- install: a real installer (uv, else pip; ``wheel/installcheck.py``) installs the wheel
+  with ``--no-deps --target`` into a temporary directory, and ``importlib.metadata`` there
+  reports the wheel's version.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
 import re
-import sys
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,11 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from packaging.tags import parse_tag, sys_tags
-from packaging.utils import canonicalize_name
-
 from vllm_overlay.errors import BuildError, OverlayError
-from vllm_overlay.util import run
+from vllm_overlay.wheel.installcheck import check_installed, installing
 from vllm_overlay.wheel.metadata import (
     VERSION_PY,
     RecordRow,
@@ -118,7 +113,9 @@ def verify_wheel(
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
         raise VerifyError(path, [f"zip: the archive cannot be read: {e}"]) from e
-    with zf:
+    # The install runs in its own process while the checks below read the archive; its
+    # result counts only when they all pass.
+    with zf, installing(path, name, enabled=install) as installed:
         w = _Wheel(path, name, zf, [i.filename for i in zf.infolist()])
         result = VerifyResult(path, name.version, None)
         for label, step in [*_installable_steps(w), ("metadata", lambda: _check_metadata(w))]:
@@ -133,12 +130,16 @@ def verify_wheel(
                 _run_step(
                     "official", lambda: _check_official(w, strategy, expect), problems, result
                 )
-    if problems:
-        raise VerifyError(path, problems)
-    if install:
-        _record(problems, result, "install", _check_install(path, name, doc, expect))
         if problems:
             raise VerifyError(path, problems)
+        if install:
+            target, found = installed()
+            if target is not None and not found:
+                files = expect.files if expect else ()
+                found = check_installed(target, name, doc, files)
+            _record(problems, result, "install", found)
+    if problems:
+        raise VerifyError(path, problems)
     return result
 
 
@@ -251,8 +252,10 @@ def _digest_slice(path: Path, members: Sequence[SourceMember]) -> dict[str, tupl
         return {m.name: _digest(f, m) for m in members}
 
 
-def member_hashes(path: Path, workers: int = 2) -> dict[str, tuple[str, int, str]]:
-    """name -> (sha256 hex, size, error) for every member, read in parallel slices."""
+def member_hashes(path: Path, workers: int = 0) -> dict[str, tuple[str, int, str]]:
+    """name -> (sha256 hex, size, error) for every member, read in parallel slices (one per
+    core, at most 8, unless ``workers`` says; zlib and hashlib release the GIL)."""
+    workers = workers or max(2, min(8, os.cpu_count() or 2))
     members = [m for m in locate_members(path) if not m.name.endswith("/")]
     total = sum(m.info.compress_size for m in members) or 1
     slices: list[list[SourceMember]] = [[] for _ in range(workers)]
@@ -487,90 +490,4 @@ def _check_compiled_identity(w: _Wheel, official_path: Path) -> list[str]:
                 out.append(f"{n}: compiled member of the official wheel is missing")
             elif hashlib.sha256(mine).digest() != hashlib.sha256(zo.read(n)).digest():
                 out.append(f"{n}: differs from the official wheel's compiled member")
-    return out
-
-
-# -- install -------------------------------------------------------------------------------
-
-
-def _platform_args(name: WheelName) -> list[str]:
-    """pip options that let it install a wheel built for another platform (or none)."""
-    tags = parse_tag(name.tags)
-    if tags & set(sys_tags()):
-        return []
-    args = ["--only-binary=:all:"]
-    for t in sorted({t.platform for t in tags}):
-        args += ["--platform", t]
-    for t in sorted({t.abi for t in tags}):
-        args += ["--abi", t]
-    return args
-
-
-def _install_root(path: Path) -> str | None:
-    """A memory-backed temporary directory when one has room (an install of vLLM writes
-    ~600 MB; on a slow disk that is most of the check's time), else the default."""
-    with zipfile.ZipFile(path) as zf:
-        need = 3 * sum(i.file_size for i in zf.infolist())
-    shm = Path("/dev/shm")
-    try:
-        st = os.statvfs(shm)
-    except OSError:
-        return None
-    if os.access(shm, os.W_OK) and st.f_bavail * st.f_frsize > need:
-        return str(shm)
-    return None
-
-
-def _check_install(
-    path: Path, name: WheelName, doc: Mapping[str, Any] | None, expect: Expectation | None
-) -> list[str]:
-    root = _install_root(path)
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-verify-", dir=root) as tmp:
-        target = Path(tmp) / "site"
-        pip_tmp = Path(tmp) / "tmp"
-        pip_tmp.mkdir()
-        try:
-            run(
-                sys.executable, "-m", "pip", "--isolated", "install", "--no-deps", "--no-index",
-                "--no-compile", "--disable-pip-version-check", "-q", *_platform_args(name),
-                "--target", target, path,
-                env={**os.environ, "TMPDIR": str(pip_tmp)},
-                hint="pip could not install the wheel into a temporary directory.",
-            )  # fmt: skip
-        except OverlayError as e:
-            return [f"pip install --no-deps --target failed:\n{e}"]
-        return _check_installed(target, name, doc, expect)
-
-
-def _check_installed(
-    target: Path, name: WheelName, doc: Mapping[str, Any] | None, expect: Expectation | None
-) -> list[str]:
-    dists = [
-        d
-        for d in importlib.metadata.distributions(path=[str(target)])
-        if canonicalize_name(d.metadata["Name"] or "") == canonicalize_name(name.distribution)
-    ]
-    if len(dists) != 1:
-        return [
-            f"importlib.metadata finds {len(dists)} {name.distribution} distributions after install"
-        ]
-    out = []
-    got = dists[0].version
-    if got != name.version:
-        out.append(
-            f"importlib.metadata.version({name.distribution!r}) is {got}, expected {name.version}"
-        )
-    vp = target / VERSION_PY
-    if (
-        doc is not None
-        and vp.is_file()
-        and version_py_version(vp.read_bytes()) != doc["version_py"]
-    ):
-        out.append(f"installed {VERSION_PY} does not report {doc['version_py']}")
-    for f in expect.files if expect else ():
-        installed = target / f.path
-        if f.in_wheel and not installed.is_file():
-            out.append(f"installed tree lacks {f.path}")
-        elif f.in_wheel and installed.read_bytes() != f.content:
-            out.append(f"installed {f.path} differs from the patched tree's file")
     return out
