@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import zipfile
 from pathlib import Path
 
 from fixtures_publish import make_wheel
+from vllm_overlay.wheel.hashes import hashes_reusing_official, member_hashes
 from vllm_overlay.wheel.installcheck import check_installed, install_command, installing, uv_binary
 from vllm_overlay.wheel.metadata import parse_name
 
@@ -64,3 +66,15 @@ def test_a_wheel_for_another_platform_is_installed_by_pip(tmp_path: Path) -> Non
         target, problems = installed()
         assert problems == [] and target is not None
         assert check_installed(target, name, None, ()) == []
+
+
+def test_hashes_reused_from_the_official_wheel_equal_a_full_read(tmp_path: Path) -> None:
+    """verify of a repack takes the official member's hash only for members whose
+    compressed bytes are identical, and the result is what decompressing everything gives."""
+    official = make_wheel(tmp_path / "official", version="1.0")
+    repacked = make_wheel(tmp_path / "repacked", version="1.0", payload="fixed = True\n")
+    hashes, same = hashes_reusing_official(repacked, official)
+    assert same == {"vllm-1.0.dist-info/METADATA", "vllm-1.0.dist-info/WHEEL"}
+    assert hashes == member_hashes(repacked)
+    assert len(list((Path(os.environ["VLLM_OVERLAY_CACHE"]) / "member-hashes").iterdir())) == 1
+    assert hashes_reusing_official(repacked, official) == (hashes, same)  # from the cache

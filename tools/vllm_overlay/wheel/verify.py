@@ -21,17 +21,15 @@ Checks, each failure naming the member and what differs:
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import zipfile
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from vllm_overlay.errors import BuildError, OverlayError
+from vllm_overlay.wheel.hashes import hashes_reusing_official, member_hashes, raw_equal
 from vllm_overlay.wheel.installcheck import check_installed, installing
 from vllm_overlay.wheel.metadata import (
     VERSION_PY,
@@ -45,7 +43,7 @@ from vllm_overlay.wheel.metadata import (
     version_py_version,
 )
 from vllm_overlay.wheel.provenance import PROVENANCE_NAME, ChangedFile, parse
-from vllm_overlay.wheel.zipcopy import SourceMember, ZipFormatError, locate_members, read_raw
+from vllm_overlay.wheel.zipcopy import ZipFormatError, locate_members
 
 MAX_SHOWN = 25
 
@@ -95,6 +93,8 @@ class _Wheel:
     names: list[str]
     dist_info: str | None = None
     hashes: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    official: Path | None = None  # members raw-identical to its members reuse its hashes
+    same_as_official: set[str] = field(default_factory=set)  # proven byte-identical
 
     def read(self, member: str) -> bytes | None:
         try:
@@ -117,6 +117,7 @@ def verify_wheel(
     # result counts only when they all pass.
     with zf, installing(path, name, enabled=install) as installed:
         w = _Wheel(path, name, zf, [i.filename for i in zf.infolist()])
+        w.official = expect.official if expect is not None else None
         result = VerifyResult(path, name.version, None)
         for label, step in [*_installable_steps(w), ("metadata", lambda: _check_metadata(w))]:
             _run_step(label, step, problems, result)
@@ -209,64 +210,13 @@ def _check_zip(w: _Wheel) -> list[str]:
             out.append(f"{n}: stored twice")
         seen.add(n)
     try:
-        w.hashes = member_hashes(w.path)
+        if w.official is not None:
+            w.hashes, w.same_as_official = hashes_reusing_official(w.path, w.official)
+        else:
+            w.hashes = member_hashes(w.path)
     except ZipFormatError as e:
         return [*out, str(e)]
     out.extend(f"{n}: cannot be read: {err}" for n, (_, _, err) in w.hashes.items() if err)
-    return out
-
-
-def _digest(f: BinaryIO, m: SourceMember) -> tuple[str, int, str]:
-    """(sha256 hex, size, error) of a member's content, decompressed from its raw bytes.
-
-    The CRC and size in the central directory are checked along the way."""
-    info = m.info
-    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        return "", 0, f"compression method {info.compress_type} is not stored or deflate"
-    d = zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
-    h, crc, size = hashlib.sha256(), 0, 0
-    try:
-        for chunk in read_raw(f, m, 1 << 24):
-            data = d.decompress(chunk) if d else chunk
-            h.update(data)
-            crc = zlib.crc32(data, crc)
-            size += len(data)
-        if d is not None:
-            tail = d.flush()
-            h.update(tail)
-            crc = zlib.crc32(tail, crc)
-            size += len(tail)
-            if not d.eof:
-                return "", size, "the deflate stream is truncated"
-    except (zlib.error, ZipFormatError) as e:
-        return "", size, str(e)
-    if crc != info.CRC:
-        return "", size, f"CRC-32 {crc:08x}, the central directory says {info.CRC:08x}"
-    if size != info.file_size:
-        return "", size, f"{size} bytes, the central directory says {info.file_size}"
-    return h.hexdigest(), size, ""
-
-
-def _digest_slice(path: Path, members: Sequence[SourceMember]) -> dict[str, tuple[str, int, str]]:
-    with open(path, "rb") as f:
-        return {m.name: _digest(f, m) for m in members}
-
-
-def member_hashes(path: Path, workers: int = 0) -> dict[str, tuple[str, int, str]]:
-    """name -> (sha256 hex, size, error) for every member, read in parallel slices (one per
-    core, at most 8, unless ``workers`` says; zlib and hashlib release the GIL)."""
-    workers = workers or max(2, min(8, os.cpu_count() or 2))
-    members = [m for m in locate_members(path) if not m.name.endswith("/")]
-    total = sum(m.info.compress_size for m in members) or 1
-    slices: list[list[SourceMember]] = [[] for _ in range(workers)]
-    acc = 0
-    for m in members:
-        slices[min(workers - 1, acc * workers // total)].append(m)
-        acc += m.info.compress_size
-    out: dict[str, tuple[str, int, str]] = {}
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        for part in ex.map(lambda s: _digest_slice(path, s), [s for s in slices if s]):
-            out.update(part)
     return out
 
 
@@ -420,18 +370,6 @@ def _check_changes(w: _Wheel, doc: Mapping[str, Any] | None, expect: Expectation
     return out
 
 
-def _raw_equal(fa: Any, a: SourceMember, fb: Any, b: SourceMember) -> bool:
-    ia, ib = a.info, b.info
-    if (ia.compress_type, ia.CRC, ia.compress_size, ia.file_size) != (
-        ib.compress_type,
-        ib.CRC,
-        ib.compress_size,
-        ib.file_size,
-    ):
-        return False
-    return all(x == y for x, y in zip(read_raw(fa, a), read_raw(fb, b), strict=True))
-
-
 def _check_repack_identity(w: _Wheel, expect: Expectation) -> list[str]:
     assert expect.official is not None and w.dist_info is not None
     official = {m.name: m for m in locate_members(expect.official)}
@@ -458,7 +396,7 @@ def _check_repack_identity(w: _Wheel, expect: Expectation) -> list[str]:
                     f"{new_name}: mode {oct(m.info.external_attr >> 16)}, official "
                     f"{oct(om.info.external_attr >> 16)}"
                 )
-            elif not _raw_equal(fm, m, fo, om):
+            elif new_name not in w.same_as_official and not raw_equal(fm, m, fo, om):
                 out.append(f"{new_name}: not byte-identical to the official wheel's member")
     renamed = {
         w.dist_info + n[len(old_di) :] if n.startswith(old_di + "/") else n for n in official
