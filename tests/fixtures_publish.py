@@ -64,12 +64,16 @@ def make_wheel(
     metadata_version: str | None = None,
     filename: str | None = None,
     stored: bool = False,
+    unrecorded: Mapping[str, str] | None = None,
+    drop: Sequence[str] = (),
 ) -> Path:
     """Write a small, valid wheel (METADATA, WHEEL, RECORD with hashes) and return its path.
 
     ``metadata_name`` / ``metadata_version`` make METADATA disagree with the file name;
-    ``stored`` writes members uncompressed (so a test can flip their bytes in place). The
-    same arguments always give the same bytes.
+    ``stored`` writes members uncompressed (so a test can flip their bytes in place);
+    ``unrecorded`` adds members that RECORD does not list; ``drop`` leaves out members by
+    their name under the .dist-info directory ("WHEEL"). The same arguments always give
+    the same bytes.
     """
     dist = re.sub(r"[-_.]+", "_", name)
     dist_info = f"{dist}-{version}.dist-info"
@@ -89,8 +93,11 @@ def make_wheel(
             f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n"
         ),
     }
+    for gone in drop:
+        del members[f"{dist_info}/{gone}"]
     record = [f"{p},{_record_hash(d.encode())},{len(d.encode())}" for p, d in members.items()]
     members[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
+    members.update(unrecorded or {})
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / (filename or f"{dist}-{version}-{tag}.whl")
     compression = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
@@ -151,6 +158,22 @@ def pip(
         capture_output=True,
         text=True,
         timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def uv_install(
+    env: Mapping[str, str], index_url: str, req: str, target: Path
+) -> subprocess.CompletedProcess[str]:
+    """``uv pip install --target`` from ``index_url`` only, with no uv config or cache."""
+    args = ["pip", "install", "--no-config", "--no-cache", "--python", PY, "--no-deps"]
+    args += ["--index-url", index_url, "--target", str(target), req]
+    return subprocess.run(
+        [PY, "-m", "uv", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
         stdin=subprocess.DEVNULL,
     )
 

@@ -242,24 +242,73 @@ class IndexServer:
     """A PEP 691 (JSON) + PEP 503 (HTML) index on 127.0.0.1 serving files from a directory.
 
     Knobs for failure tests: ``truncate`` (serve only the first N bytes of files, then close),
-    ``corrupt`` (flip the bytes of served files), ``html_only``; ``requests`` lists every path.
+    ``corrupt`` (flip the bytes of served files), ``html_only``; ``requests`` lists every path,
+    ``log`` every (path, status, Content-Type sent, Authorization received).
+    ``basic_auth=(user, password)`` answers 401 to any request without those credentials;
+    ``files_at=URL`` redirects (302) every file request there; ``host`` is the name the URL
+    uses (``localhost`` gives a second "host" on the same loopback).
     """
 
-    def __init__(self, files_dir: Path, project: str = "vllm") -> None:
+    def __init__(
+        self,
+        files_dir: Path,
+        project: str = "vllm",
+        *,
+        basic_auth: tuple[str, str] | None = None,
+        files_at: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.files_dir = files_dir
         self.project = project
         self.requests: list[str] = []
+        self.log: list[tuple[str, int, str, str | None]] = []
         self.truncate: int | None = None
         self.corrupt = False
         self.html_only = False
+        self.basic_auth = basic_auth
+        self.files_at = files_at
+        self.host = host
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *a: object) -> None:
                 pass
 
+            def send_response(self, code: int, message: str | None = None) -> None:
+                self._status = code
+                super().send_response(code, message)
+
+            def send_header(self, keyword: str, value: str) -> None:
+                if keyword == "Content-Type":
+                    server.log.append(
+                        (self.path, self._status, value, self.headers.get("Authorization"))
+                    )
+                super().send_header(keyword, value)
+
+            def _authorized(self) -> bool:
+                if server.basic_auth is None:
+                    return True
+                want = "Basic " + base64.b64encode(":".join(server.basic_auth).encode()).decode()
+                if self.headers.get("Authorization") == want:
+                    return True
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="synthetic"')
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return False
+
             def do_GET(self) -> None:  # noqa: N802
                 server.requests.append(self.path)
+                if not self._authorized():
+                    return
+                if server.files_at and self.path.startswith("/files/"):
+                    self.send_response(302)
+                    self.send_header("Location", server.files_at.rstrip("/") + self.path)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.path.rstrip("/") == f"/simple/{server.project}":
                     return self._index()
                 if self.path.startswith("/files/"):
@@ -321,7 +370,11 @@ class IndexServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/simple"
+        return f"http://{self.host}:{self.httpd.server_address[1]}/simple"
+
+    @property
+    def root(self) -> str:
+        return f"http://{self.host}:{self.httpd.server_address[1]}"
 
     def __enter__(self) -> IndexServer:
         self.thread.start()

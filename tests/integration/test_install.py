@@ -11,15 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_overlay.util import find_uv
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
 def uv_bin() -> str:
-    from uv import find_uv_bin  # the tool depends on uv; its venv has it
-
-    return find_uv_bin()
+    uv = find_uv()  # the tool depends on uv: its venv has it
+    assert uv, "uv is missing from the tool's environment (run make venv)"
+    return uv
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

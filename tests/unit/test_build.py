@@ -49,7 +49,8 @@ def test_repack_writes_a_verified_wheel_that_differs_only_where_the_overlay_does
     assert re.fullmatch(WHEEL_RE, wheel.name), wheel.name
     assert "strategy: repack" in err and f"not wheel content: {ADDED_TEST}" in err
     assert (
-        "verified: zip, record, dist-info, metadata, provenance, changes, official, install" in err
+        "verified: zip, names, record, dist-info, metadata, provenance, changes, official, install"
+        in err
     )
     assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == [wheel.name]
     version = wheel.name.split("-")[1]

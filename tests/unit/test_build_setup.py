@@ -74,7 +74,7 @@ def test_precompiled_runs_setup_py_with_the_official_kernels(fproject, cli, tmp_
         r"vllm-1\.0\.0\+ovl\.1\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl", wheel.name
     )
     assert (
-        "verified: zip, record, dist-info, metadata, provenance, changes, official, install"
+        "verified: zip, names, record, dist-info, metadata, provenance, changes, official, install"
         in res.err
     )
     got = members(wheel)
@@ -181,7 +181,9 @@ def test_source_driver_with_target_device_empty(fproject, cli, tmp_path, cpu_tor
         r"vllm-1\.0\.0\+ovl\.1\.g[0-9a-f]{8}\.empty-[^-]+-[^-]+-[^-]+\.whl", wheel.name
     )
     assert "vllm/_C.abi3.so" not in members(wheel)  # no kernels: a driver check only
-    assert "verified: zip, record, dist-info, metadata, provenance, changes, install" in res.err
+    assert (
+        "verified: zip, names, record, dist-info, metadata, provenance, changes, install" in res.err
+    )
 
 
 def _probe(**kw) -> Probe:

@@ -225,7 +225,7 @@ def test_place_links_copies_across_devices_and_never_replaces(tmp_path, monkeypa
             raise OSError(errno.EXDEV, "Invalid cross-device link")
         return real_link(a, b)
 
-    monkeypatch.setattr(wheelbuild.os, "link", cross_device)
+    monkeypatch.setattr(os, "link", cross_device)  # util.link_new, under place
     other = tmp_path / "other" / "x.whl"
     assert wheelbuild.place(src, other, plan) is True
     assert other.read_bytes() == b"wheel bytes" and os.stat(other).st_ino != os.stat(src).st_ino

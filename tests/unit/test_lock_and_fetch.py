@@ -239,8 +239,13 @@ def test_index_lacking_the_file(project, cli, tmp_path):
 
 def test_html_index_fallback(project, cli):
     project.index.html_only = True
+    project.index.log.clear()  # the pin (JSON) happened before
     res = cli("fetch", "--index-url", project.index.url, cwd=project.root)
     assert res.rc == 0, res.err
+    pages = [(ctype, status) for path, status, ctype, _ in project.index.log if "/simple/" in path]
+    assert pages and all(p == ("text/html", 200) for p in pages), project.index.log
+    # the sdist, found through the HTML page's link and checked against its #sha256=
+    assert [p.name for p in cached_files()] == [read_lock(project.lock).sdist().filename]
 
 
 def test_index_from_pip_configuration(project, cli, monkeypatch):

@@ -29,6 +29,7 @@ from fixtures_publish import (
     run_publish_cli,
     sha256_of,
     tree,
+    uv_install,
 )
 from vllm_overlay.errors import CommandError
 from vllm_overlay.index.upload import ServerIndex, published_files
@@ -300,6 +301,48 @@ def test_static_index_is_locked_while_publishing(
     assert not (index / "packages").exists()
 
 
+def _installed_version(target: Path) -> str:
+    dist_infos = sorted(p.name for p in target.glob("vllm-*.dist-info"))
+    assert len(dist_infos) == 1, dist_infos
+    return dist_infos[0][len("vllm-") : -len(".dist-info")]
+
+
+def test_uv_installs_the_overlay_wheel_from_the_static_index(
+    tmp_path: Path, wheels: Path, publish_cli, serve, publish_env: dict[str, str]
+) -> None:
+    """What a user with uv does: the static index served as plain HTML (http.server) and
+    with PEP 691 content negotiation both resolve to the newest overlay build."""
+    index = tmp_path / "index"
+    for revision in (1, 2):
+        r = publish_cli(make_wheel(wheels, version=f"0.24.0+ovl.{revision}.a"), "--to", index)
+        assert r.rc == 0, r.err
+    html = serve(index)
+    got = uv_install(publish_env, f"{html.url}simple/", "vllm==0.24.0", tmp_path / "t1")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert _installed_version(tmp_path / "t1") == "0.24.0+ovl.2.a"
+    with negotiating_server(index) as (url, served):
+        got = uv_install(publish_env, f"{url}simple/", "vllm==0.24.0+ovl.1.a", tmp_path / "t2")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert _installed_version(tmp_path / "t2") == "0.24.0+ovl.1.a"
+    assert ("/simple/vllm/", "index.json") in served  # uv asked for, and got, the JSON page
+
+
+def test_uv_installs_the_overlay_wheel_from_pypiserver(
+    tmp_path: Path, wheels: Path, publish_cli, pypi: PyPI, credentials: None, publish_env
+) -> None:
+    wheel = make_wheel(wheels, version="0.23.0+ovl.20.a")
+    r = publish_cli(wheel, "--to", pypi.url)
+    assert r.rc == 0, r.err
+    got = uv_install(publish_env, f"{pypi.url}simple/", "vllm==0.23.0+ovl.20.a", tmp_path / "t")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert _installed_version(tmp_path / "t") == "0.23.0+ovl.20.a"
+    assert (
+        (tmp_path / "t" / "vllm" / "__init__.py")
+        .read_text()
+        .startswith("__version__ = '0.23.0+ovl.20.a'")
+    )
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -332,6 +375,58 @@ def test_bad_wheels_are_refused_before_anything_is_written(
         assert message in r.err, r.err
         assert "Traceback" not in r.err
     assert not index.exists()
+
+
+def test_wheels_an_installer_would_refuse_are_never_published(
+    tmp_path: Path, wheels: Path, publish_cli, pypi: PyPI, credentials: None, publish_env
+) -> None:
+    """A member outside the install that RECORD does not list: pip refuses the wheel, so
+    publish refuses it (and the good wheel beside it) before writing or uploading anything."""
+    good = make_wheel(wheels, version="0.24.0+ovl.30.a")
+    evil = make_wheel(
+        wheels / "evil", version="0.24.0+ovl.31.a", unrecorded={"../../evil.txt": "gotcha\n"}
+    )
+    refused = pip(
+        ["install", "--no-deps", "--no-index", "--target", str(tmp_path / "t"), str(evil)],
+        publish_env,
+    )
+    assert refused.returncode != 0  # what publish guards against: pip would not install it
+    index = tmp_path / "index"
+    for to in (str(index), pypi.url):
+        r = publish_cli(good, evil, "--to", to)
+        assert r.rc == 1
+        assert f"{evil.name}: names: ../../evil.txt: contains '..'" in r.err, r.err
+        assert f"{evil.name}: record: ../../evil.txt: not listed in RECORD" in r.err
+        assert "Nothing was published" in r.err and "uploading" not in r.err
+    assert not index.exists()
+    assert not any("ovl.3" in p.name for p in pypi.packages.iterdir())
+    assert not (tmp_path / "evil.txt").exists() and not (wheels.parent / "evil.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"unrecorded": {"/etc/evil.conf": "x"}}, "names: /etc/evil.conf: an absolute path"),
+        ({"unrecorded": {"vllm\\evil.py": "x"}}, "names: vllm\\evil.py: contains a backslash"),
+        ({"drop": ["WHEEL"]}, "dist-info: vllm-0.24.0+ovl.1.abc.dist-info/WHEEL is missing"),
+        (
+            {"unrecorded": {"vllm-0.24.0+ovl.1.abc.dist-info/extra": "x"}},
+            "record: vllm-0.24.0+ovl.1.abc.dist-info/extra: not listed in RECORD",
+        ),
+        (
+            {"unrecorded": {"other-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\n"}},
+            "dist-info: expected exactly one .dist-info directory, found 2",
+        ),
+    ],
+)
+def test_installer_checks_name_the_problem(
+    tmp_path: Path, wheels: Path, publish_cli, kwargs, problem
+) -> None:
+    bad = make_wheel(wheels, **kwargs)
+    r = publish_cli(bad, "--to", tmp_path / "index")
+    assert r.rc == 1
+    assert f"{bad.name}: {problem}" in r.err, r.err
+    assert not (tmp_path / "index").exists()
 
 
 def test_index_path_under_a_regular_file_fails_cleanly(
@@ -469,7 +564,7 @@ def test_server_unreachable_names_the_url_without_credentials(wheels: Path, publ
     port = free_port()
     r = publish_cli(make_wheel(wheels), "--to", f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/")
     assert r.rc == 1
-    assert f"cannot reach the index at http://127.0.0.1:{port}/simple/vllm/" in r.err
+    assert f"the package index at http://127.0.0.1:{port}/simple/vllm/ is unreachable" in r.err
     assert PASSWORD not in r.all and f"{USER}:" not in r.all
 
 

@@ -332,7 +332,7 @@ def test_the_installer_reads_pips_indexes_and_installs_the_pinned_version(
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
     if kind == "pip":
-        monkeypatch.setenv(installer.INSTALLER_ENV, "pip")
+        monkeypatch.setenv(util.INSTALLER_ENV, "pip")
     inst = installer.installer()
     assert inst.name == kind  # uv is a dependency of the tool: it is there
     argv = inst.install_command("python")

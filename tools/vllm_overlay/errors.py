@@ -69,6 +69,10 @@ class IndexError_(OverlayError):
     """The package index is unreachable or lacks the file."""
 
 
+class IndexAuthError(IndexError_):
+    """The package index answered 401/403; the message says where credentials were sought."""
+
+
 class DownloadError(OverlayError):
     """A download failed or was interrupted; nothing partial was kept."""
 
@@ -103,6 +107,10 @@ class BuildError(OverlayError):
 
 class PublishError(OverlayError):
     """A wheel could not be published."""
+
+
+class UninstallableWheelError(PublishError):
+    """A wheel an installer would refuse (unsafe member names, RECORD, .dist-info, WHEEL)."""
 
 
 class SuiteError(OverlayError):

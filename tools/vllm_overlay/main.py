@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from vllm_overlay import __version__, util
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.index.auth import redact
 
 # Order is the order --help lists them in: the pipeline, then the work-area verbs.
 COMMANDS = (
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except OverlayError as e:
-        print(f"vllm-overlay {args.command}: error: {e}", file=sys.stderr)
+        print(f"vllm-overlay {args.command}: error: {redact(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("vllm-overlay: interrupted", file=sys.stderr)

@@ -7,6 +7,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,53 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def link_new(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> bool:
+    """Put ``src``'s bytes at ``dest`` unless ``dest`` exists: the one "link into place, never
+    replace" for published and built files.
+
+    True when placed; False when ``dest`` already holds the same bytes; ``FileExistsError``
+    when it holds other bytes. A hard link is atomic and fails if ``dest`` appeared meanwhile;
+    across file systems a complete copy beside ``dest`` is linked in instead; where there are
+    no hard links at all, that copy is renamed after a last look (the caller's lock keeps
+    others out). ``src`` is left as it is.
+    """
+    src, dest = Path(src), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+        return True
+    except FileExistsError:
+        return _same_or_refuse(src, dest)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+    fd, side = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as fo, open(src, "rb") as fi:
+            shutil.copyfileobj(fi, fo, 1 << 22)
+            fo.flush()
+            os.fsync(fo.fileno())
+        os.chmod(side, os.stat(src).st_mode & 0o777)
+        try:
+            os.link(side, dest)
+        except FileExistsError:
+            return _same_or_refuse(src, dest)
+        except OSError:  # no hard links here: rename, after one more look
+            if dest.exists():
+                return _same_or_refuse(src, dest)
+            os.rename(side, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(side)
+    return True
+
+
+def _same_or_refuse(src: Path, dest: Path) -> bool:
+    if sha256_file(dest) == sha256_file(src):
+        return False
+    raise FileExistsError(errno.EEXIST, "exists with other bytes", str(dest))
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
@@ -226,3 +274,24 @@ def cache_dir() -> Path:
 def info(msg: str) -> None:
     """Progress and status for people: stderr, so stdout stays machine-readable."""
     print(msg, file=sys.stderr, flush=True)
+
+
+# --- uv ----------------------------------------------------------------------------------
+
+INSTALLER_ENV = "VLLM_OVERLAY_INSTALLER"  # "pip" forces pip even where uv is installed
+
+
+def find_uv() -> str | None:
+    """The uv executable: the one installed with this tool, else uv on PATH, else None."""
+    if os.environ.get(INSTALLER_ENV, "").strip().lower() == "pip":
+        return None
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        pass
+    beside = Path(sys.executable).parent / "uv"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return os.fspath(beside)
+    return shutil.which("uv")

@@ -13,9 +13,12 @@ from typing import Literal
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-from vllm_overlay.errors import UsageError
-from vllm_overlay.index.static import PublishResult, publish_to_directory, read_wheels
-from vllm_overlay.index.upload import ServerIndex, server_index, strip_userinfo, upload_to_server
+from vllm_overlay.errors import UninstallableWheelError, UsageError
+from vllm_overlay.index.auth import redact
+from vllm_overlay.index.static import publish_to_directory
+from vllm_overlay.index.upload import ServerIndex, server_index, upload_to_server
+from vllm_overlay.index.wheels import PublishResult, WheelFile, read_wheels
+from vllm_overlay.wheel.verify import check_installable
 
 HELP = "publish wheels to a static index directory or an index server"
 
@@ -29,10 +32,12 @@ Publish built wheels to an internal package index. --to decides where:
                                 standard upload API (twine). The simple API is read from
                                 URL/simple/ unless --simple-url says otherwise.
 
-A published file is never overwritten: the same file again is skipped, another file
+Every wheel is first checked as an installer would (member names inside the install,
+RECORD complete with hashes and sizes, one .dist-info with WHEEL); one bad wheel stops
+the whole publish before anything is written. A published file is never overwritten: the same file again is skipped, another file
 under a published name is refused. Server credentials come from the URL's user part,
 VLLM_OVERLAY_INDEX_USERNAME / VLLM_OVERLAY_INDEX_PASSWORD, TWINE_USERNAME /
-TWINE_PASSWORD or keyring, and are never printed. See docs/publishing.md.
+TWINE_PASSWORD, ~/.netrc or keyring, and are never printed. See docs/publishing.md.
 
 examples:
   vllm-overlay publish dist/*.whl --to /srv/pypi
@@ -67,11 +72,26 @@ def index_directory(to: str) -> Path | None:
         return Path(url2pathname(parts.path))
     if _SCHEME.match(to):
         raise UsageError(
-            f"--to {strip_userinfo(to)}: only directories, file:// and http(s):// URLs are "
+            f"--to {redact(to)}: only directories, file:// and http(s):// URLs are "
             "supported. To publish to a bucket, publish to a directory and sync it "
             "(see docs/publishing.md)."
         )
     return Path(to)
+
+
+def installable(wheels: Sequence[WheelFile]) -> list[WheelFile]:
+    """``wheels`` if an installer would install every one; else refuse them all, naming each
+    problem (before anything is written or uploaded)."""
+    problems = [f"{w.path.name}: {p}" for w in wheels for p in check_installable(w.path)]
+    if problems:
+        shown = "\n".join(f"  - {p}" for p in problems[:25])
+        more = f"\n  … and {len(problems) - 25} more" if len(problems) > 25 else ""
+        raise UninstallableWheelError(
+            f"refusing to publish: pip would not install these wheels ({len(problems)} "
+            f"problem(s)):\n{shown}{more}\nNothing was published. Rebuild the wheels with "
+            "`vllm-overlay build` and check them with `vllm-overlay verify`."
+        )
+    return list(wheels)
 
 
 def publish(
@@ -84,7 +104,7 @@ def publish(
     server: ServerIndex | None = None
     if directory is None:
         server = server_index(to, simple_url)
-    checked = read_wheels(wheels)
+    checked = installable(read_wheels(wheels))
     if server is not None:
         return PublishReport(server.upload_url, "server", upload_to_server(checked, server))
     assert directory is not None

@@ -1,11 +1,14 @@
-"""Reading a package index (PEP 691 JSON, PEP 503 HTML as fallback) found through pip's config.
+"""The one client for reading a package index: simple pages (PEP 691 JSON, PEP 503 HTML as
+fallback) and the files they link, with credentials as pip finds them (``index/auth.py``).
 
 No index host is written here: the index is --index-url, else what pip is configured with
-(PIP_INDEX_URL, pip.conf), else pip's own default, asked from the installed pip.
+(PIP_INDEX_URL, pip.conf), else pip's own default, asked from the installed pip. Every URL
+that reaches a message goes through ``auth.redact``.
 """
 
 from __future__ import annotations
 
+import base64
 import html.parser
 import json
 import os
@@ -14,40 +17,51 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
+from http.client import HTTPResponse
 from pathlib import Path
 
-from vllm_overlay.errors import IndexError_
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from vllm_overlay.errors import IndexAuthError, IndexError_
+from vllm_overlay.index.auth import Auth, Credentials, host_key, redact, split_userinfo
 from vllm_overlay.util import run
 
 JSON_CT = "application/vnd.pypi.simple.v1+json"
 ACCEPT = f"{JSON_CT}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 TIMEOUT = 60.0
+MAX_REDIRECTS = 10
+FETCH_HINT = "Check --index-url / PIP_INDEX_URL (or pip.conf)"
 
 
 @dataclass(frozen=True)
 class IndexFile:
     filename: str
-    url: str
+    url: str  # never with a user part
     sha256: str | None
     size: int | None
     requires_python: str | None = None
     yanked: bool = False
 
 
-def sanitize_url(url: str) -> str:
-    """Drop user:password from a URL before it reaches any message."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        parts = parts._replace(netloc=f"***@{host}")
-    return urllib.parse.urlunsplit(parts)
+@dataclass(frozen=True)
+class Page:
+    url: str  # after redirects, without a user part
+    content_type: str
+    body: bytes
 
 
 def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    """The PEP 503 form of a project name."""
+    return canonicalize_name(name)
 
 
 def _pip_config() -> dict[str, str]:
@@ -98,6 +112,159 @@ def configured_index_urls(explicit: str | None = None) -> list[str]:
     return [primary, *[e for e in extras if e != primary]]
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        return None  # redirects surface as HTTPError and are followed by IndexClient.open
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
+def _request(url: str, cred: Credentials | None, accept: str | None) -> urllib.request.Request:
+    headers = {"User-Agent": "vllm-overlay"}
+    if accept:
+        headers["Accept"] = accept
+    req = urllib.request.Request(url, headers=headers)
+    if cred is not None:
+        token = base64.b64encode(f"{cred.username}:{cred.password}".encode()).decode()
+        req.add_unredirected_header("Authorization", f"Basic {token}")
+    return req
+
+
+class IndexClient:
+    """GETs from package indexes with pip's credentials: sent only to their own host."""
+
+    def __init__(
+        self,
+        index_urls: Sequence[str] = (),
+        *,
+        auth: Auth | None = None,
+        timeout: float = TIMEOUT,
+        hint: str = FETCH_HINT,
+    ) -> None:
+        self.auth = auth if auth is not None else Auth(index_urls)
+        self.timeout = timeout
+        self.hint = hint
+
+    def open(
+        self, url: str, *, accept: str | None = None, other_hosts: bool = True
+    ) -> HTTPResponse | None:
+        """The response for ``url`` after redirects (the caller closes it); None for 404/410,
+        or for a redirect to another host when ``other_hosts`` is False."""
+        self.auth.for_url(url)  # a user part in url is remembered for its host
+        url, _ = split_userinfo(url)
+        for _ in range(MAX_REDIRECTS):
+            try:
+                return self._send(url, accept)
+            except urllib.error.HTTPError as e:
+                e.close()
+                if e.code in _REDIRECTS:
+                    target, _ = split_userinfo(
+                        urllib.parse.urljoin(url, e.headers["Location"] or "")
+                    )
+                    if not other_hosts and host_key(target) != host_key(url):
+                        return None
+                    url = target
+                    continue
+                if e.code in (404, 410):
+                    return None
+                if e.code in (401, 403):
+                    raise IndexAuthError(
+                        f"the package index refused {redact(url)} (HTTP {e.code} {e.reason}): "
+                        f"the credentials are missing or wrong; {self.auth.searched(url)}. "
+                        "Put user:token in the index URL, a `machine` entry in ~/.netrc, or "
+                        f"the password in keyring. {self.hint}."
+                    ) from None
+                raise IndexError_(
+                    f"the package index answered HTTP {e.code} {e.reason} for {redact(url)}. "
+                    f"{self.hint} and the server's health."
+                ) from None
+            except (urllib.error.URLError, OSError, TimeoutError) as e:
+                reason = redact(str(getattr(e, "reason", e)))
+                raise IndexError_(
+                    f"the package index at {redact(url)} is unreachable ({reason}). Check the "
+                    f"network and proxy settings; {self.hint}, or point it at a reachable mirror."
+                ) from None
+        raise IndexError_(f"too many redirects from {redact(url)}. {self.hint}.")
+
+    def _send(self, url: str, accept: str | None) -> HTTPResponse:
+        cred = self.auth.for_url(url)
+        try:
+            return _OPENER.open(_request(url, cred, accept), timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            if e.code != 401:
+                raise
+            retry = self.auth.after_401(url)
+            if retry is None or retry == cred:
+                raise
+            e.close()
+        return _OPENER.open(_request(url, retry, accept), timeout=self.timeout)
+
+    def page(self, url: str, *, other_hosts: bool = True) -> Page | None:
+        """A simple page; file:// URLs read the directory's index.json or index.html."""
+        if url.startswith("file://"):
+            path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
+            for cand in (path / "index.json", path / "index.html"):
+                if cand.is_file():
+                    ct = JSON_CT if cand.suffix == ".json" else "text/html"
+                    return Page(cand.parent.as_uri() + "/", ct, cand.read_bytes())
+            return None
+        resp = self.open(url, accept=ACCEPT, other_hosts=other_hosts)
+        if resp is None:
+            return None
+        with resp:
+            body = resp.read()
+            final, _ = split_userinfo(resp.geturl())
+            return Page(final, resp.headers.get("Content-Type", ""), body)
+
+    def list_files(
+        self, project: str, index_url: str, *, other_hosts: bool = True
+    ) -> list[IndexFile]:
+        """All files the index lists for ``project`` (empty when it has no such project)."""
+        url = index_url.rstrip("/") + "/" + normalize(project) + "/"
+        page = self.page(url, other_hosts=other_hosts)
+        if page is None:
+            return []
+        try:
+            return parse_page(page)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise IndexError_(
+                f"cannot read the simple page {redact(page.url)} ({e}). It must be the "
+                f"index's PEP 503/691 simple API; {self.hint}."
+            ) from None
+
+    def find_release_files(
+        self, project: str, version: str, index_urls: Sequence[str]
+    ) -> tuple[str, list[IndexFile]]:
+        """(index url, files) for ``project==version`` from the first index that has it."""
+        for idx in index_urls:
+            files = [
+                f
+                for f in self.list_files(project, idx)
+                if release_file_kind(f.filename, project, version)
+            ]
+            if files:
+                return idx, files
+        raise IndexError_(
+            f"{project} {version} is not on the package index "
+            f"({', '.join(redact(u) for u in index_urls)}). Check the version, or point "
+            "--index-url / PIP_INDEX_URL at an index that mirrors it."
+        )
+
+    def find_file(self, filename: str, project: str, index_urls: Sequence[str]) -> IndexFile:
+        """The index entry for one exact file name."""
+        for idx in index_urls:
+            for f in self.list_files(project, idx):
+                if f.filename == filename:
+                    return f
+        raise IndexError_(
+            f"{filename} is not on the package index "
+            f"({', '.join(redact(u) for u in index_urls)}). Point --index-url / "
+            "PIP_INDEX_URL at an index that has it, or re-pin with `vllm-overlay lock`."
+        )
+
+
 class _LinkParser(html.parser.HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -108,49 +275,17 @@ class _LinkParser(html.parser.HTMLParser):
             self.links.append(dict(attrs))
 
 
-def _get(url: str) -> tuple[bytes, str, str]:
-    """GET url -> (body, content type, final url). file:// URLs read index.html."""
-    if url.startswith("file://"):
-        path = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
-        for cand in (path / "index.json", path / "index.html"):
-            if cand.is_file():
-                ct = JSON_CT if cand.suffix == ".json" else "text/html"
-                return cand.read_bytes(), ct, cand.parent.as_uri() + "/"
-        raise FileNotFoundError(str(path))
-    req = urllib.request.Request(url, headers={"Accept": ACCEPT, "User-Agent": "vllm-overlay"})
-    with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
-        return resp.read(), resp.headers.get("Content-Type", ""), resp.geturl()
-
-
-def list_files(project: str, index_url: str) -> list[IndexFile]:
-    """All files the index lists for ``project``."""
-    url = index_url.rstrip("/") + "/" + normalize(project) + "/"
-    try:
-        body, ctype, final = _get(url)
-    except urllib.error.HTTPError as e:
-        if e.code == 404:
-            return []
-        raise IndexError_(
-            f"the package index answered {e.code} {e.reason} for {sanitize_url(url)}. "
-            "Check --index-url / PIP_INDEX_URL and your credentials."
-        ) from e
-    except FileNotFoundError:
-        return []
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
-        reason = getattr(e, "reason", e)
-        raise IndexError_(
-            f"the package index {sanitize_url(index_url)} is unreachable ({reason}). "
-            "Check the network, or point --index-url / PIP_INDEX_URL at a reachable mirror."
-        ) from e
-    if JSON_CT in ctype or ctype.startswith("application/json"):
-        data = json.loads(body)
+def parse_page(page: Page) -> list[IndexFile]:
+    """The files of a PEP 691 JSON or PEP 503 HTML project page, with absolute URLs."""
+    ctype = page.content_type.split(";")[0].strip()
+    if ctype in (JSON_CT, "application/json"):
         out = []
-        for f in data.get("files", []):
+        for f in json.loads(page.body).get("files", []):
             hashes = f.get("hashes") or {}
             out.append(
                 IndexFile(
                     filename=f["filename"],
-                    url=urllib.parse.urljoin(final, f["url"]),
+                    url=split_userinfo(urllib.parse.urljoin(page.url, f["url"]))[0],
                     sha256=hashes.get("sha256"),
                     size=f.get("size"),
                     requires_python=f.get("requires-python"),
@@ -159,21 +294,20 @@ def list_files(project: str, index_url: str) -> list[IndexFile]:
             )
         return out
     parser = _LinkParser()
-    parser.feed(body.decode("utf-8", errors="replace"))
+    parser.feed(page.body.decode("utf-8", errors="replace"))
     out = []
     for a in parser.links:
         href = a.get("href")
         if not href:
             continue
-        full = urllib.parse.urljoin(final, href)
-        frag = urllib.parse.urlsplit(full).fragment
-        sha = frag[len("sha256=") :] if frag.startswith("sha256=") else None
+        full, _, frag = urllib.parse.urljoin(page.url, href).partition("#")
+        algo, _, digest = frag.partition("=")
         name = urllib.parse.unquote(urllib.parse.urlsplit(full).path.rsplit("/", 1)[-1])
         out.append(
             IndexFile(
                 filename=name,
-                url=full.split("#", 1)[0],
-                sha256=sha,
+                url=split_userinfo(full)[0],
+                sha256=digest.lower() if algo == "sha256" and digest else None,
                 size=None,
                 requires_python=a.get("data-requires-python"),
                 yanked="data-yanked" in a,
@@ -182,45 +316,39 @@ def list_files(project: str, index_url: str) -> list[IndexFile]:
     return out
 
 
-def release_file_kind(filename: str, project: str, version: str) -> str | None:
-    """ "sdist" or "wheel" when ``filename`` is a release file of project==version, else None."""
-    want = normalize(project)
-    if filename.endswith(".tar.gz"):
-        stem = filename[: -len(".tar.gz")]
-        name, _, ver = stem.rpartition("-")
-        return "sdist" if normalize(name) == want and ver == version else None
-    if filename.endswith(".whl"):
-        parts = filename[: -len(".whl")].split("-")
-        if len(parts) in (5, 6) and normalize(parts[0]) == want and parts[1] == version:
-            return "wheel"
-    return None
+def list_files(project: str, index_url: str) -> list[IndexFile]:
+    """All files ``index_url`` lists for ``project`` (credentials as pip finds them)."""
+    return IndexClient([index_url]).list_files(project, index_url)
 
 
 def find_release_files(
-    project: str, version: str, index_urls: list[str]
+    project: str, version: str, index_urls: Sequence[str]
 ) -> tuple[str, list[IndexFile]]:
-    """(index url, files) for ``project==version`` from the first index that has it."""
-    for idx in index_urls:
-        files = [
-            f for f in list_files(project, idx) if release_file_kind(f.filename, project, version)
-        ]
-        if files:
-            return idx, files
-    raise IndexError_(
-        f"{project} {version} is not on the package index "
-        f"({', '.join(sanitize_url(u) for u in index_urls)}). Check the version, or point "
-        "--index-url / PIP_INDEX_URL at an index that mirrors it."
-    )
+    return IndexClient(index_urls).find_release_files(project, version, index_urls)
 
 
-def find_file(filename: str, project: str, index_urls: list[str]) -> IndexFile:
-    """The index entry for one exact file name."""
-    for idx in index_urls:
-        for f in list_files(project, idx):
-            if f.filename == filename:
-                return f
-    raise IndexError_(
-        f"{filename} is not on the package index "
-        f"({', '.join(sanitize_url(u) for u in index_urls)}). Point --index-url / "
-        "PIP_INDEX_URL at an index that has it, or re-pin with `vllm-overlay lock`."
-    )
+def find_file(filename: str, project: str, index_urls: Sequence[str]) -> IndexFile:
+    return IndexClient(index_urls).find_file(filename, project, index_urls)
+
+
+def release_of(filename: str, project: str) -> tuple[str, str] | None:
+    """("sdist" | "wheel", version) when ``filename`` is a release file of ``project``."""
+    try:
+        if filename.endswith(".whl"):
+            name, version, _build, _tags = parse_wheel_filename(filename)
+            kind = "wheel"
+        else:
+            name, version = parse_sdist_filename(filename)
+            kind = "sdist"
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+    return (kind, str(version)) if name == canonicalize_name(project) else None
+
+
+def release_file_kind(filename: str, project: str, version: str) -> str | None:
+    """ "sdist" or "wheel" when ``filename`` is a release file of project==version, else None."""
+    found = release_of(filename, project)
+    try:
+        return found[0] if found and Version(found[1]) == Version(version) else None
+    except InvalidVersion:
+        return None

@@ -5,46 +5,39 @@ there with the same sha256 is skipped, one with a different sha256 is refused. U
 through twine's documented command line (``python -m twine upload --repository-url``), so
 the upload protocol is twine's, not ours.
 
-Credentials, first found wins, per field: the user part of the URL given to ``--to``;
-``VLLM_OVERLAY_INDEX_USERNAME`` / ``VLLM_OVERLAY_INDEX_PASSWORD``; ``TWINE_USERNAME`` /
-``TWINE_PASSWORD``; then twine's own keyring lookup. They are handed to twine through its
-environment, never its command line, and every message is passed through ``redact``.
+Credentials come from the one lookup (``index/auth.py``): the user part of the URL given to
+``--to``; ``VLLM_OVERLAY_INDEX_USERNAME`` / ``VLLM_OVERLAY_INDEX_PASSWORD``;
+``TWINE_USERNAME`` / ``TWINE_PASSWORD``; ~/.netrc; then keyring (twine's own lookup for the
+upload, ours for reading after a 401). They are handed to twine through its environment,
+never its command line, and every message is passed through ``redact``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
-import urllib.error
-import urllib.request
-from base64 import b64encode
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
-from html.parser import HTMLParser
-from pathlib import PurePosixPath
-from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from vllm_overlay.errors import CommandError, PublishError
-from vllm_overlay.index.static import PublishResult, WheelFile
+from vllm_overlay.index.auth import Auth, redact, remember_secret, split_userinfo
+from vllm_overlay.index.client import IndexClient
+from vllm_overlay.index.wheels import PublishResult, WheelFile
 from vllm_overlay.util import info, run
 
 ENV_USERNAME = "VLLM_OVERLAY_INDEX_USERNAME"
 ENV_PASSWORD = "VLLM_OVERLAY_INDEX_PASSWORD"
-JSON_TYPE = "application/vnd.pypi.simple.v1+json"
-ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#]+@")
+ENV_PAIRS = ((ENV_USERNAME, ENV_PASSWORD), ("TWINE_USERNAME", "TWINE_PASSWORD"))
 _CREDENTIALS_HINT = (
     f"Set {ENV_USERNAME} and {ENV_PASSWORD} (or TWINE_USERNAME and TWINE_PASSWORD, or store "
     "the password in keyring) to an account that may upload there, then run again."
 )
-
-
-def strip_userinfo(text: str) -> str:
-    """``text`` with the user part of every URL in it (``user:password@``) replaced."""
-    return _USERINFO.sub(r"\1****@", text)
+_READ_HINT = (
+    "Check --to / --simple-url (the simple API is <to>/simple/ unless --simple-url says otherwise)"
+)
 
 
 @dataclass(frozen=True)
@@ -55,179 +48,74 @@ class ServerIndex:
     simple_url: str  # ends with "/"
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    auth: Auth = field(default_factory=Auth, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        remember_secret(self.password)
 
     def redact(self, text: str) -> str:
-        """``text`` with every URL's user part and the password replaced by ``****``."""
-        if self.password:
-            for secret in sorted({self.password, quote(self.password, safe="")}, key=len)[::-1]:
-                text = text.replace(secret, "****")
-        return strip_userinfo(text)
+        """``text`` with every URL's user part and every known secret replaced by ``****``."""
+        return redact(text)
 
     def fail(self, message: str) -> PublishError:
-        return PublishError(self.redact(message))
+        return PublishError(redact(message))
 
-
-def _split_userinfo(url: str) -> tuple[str, str | None, str | None]:
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url, None, None
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
-    clean = urlunsplit(parts._replace(netloc=netloc))
-    user = unquote(parts.username) if parts.username else None
-    password = unquote(parts.password) if parts.password else None
-    return clean, user, password
+    def client(self, timeout: float) -> IndexClient:
+        return IndexClient(auth=self.auth, timeout=timeout, hint=_READ_HINT)
 
 
 def server_index(
     to: str, simple_url: str | None = None, environ: Mapping[str, str] | None = None
 ) -> ServerIndex:
-    """The server behind ``--to URL``; its simple API is ``URL/simple/`` unless given."""
+    """The server behind ``--to URL``; its simple API is ``URL/simple/`` unless given.
+
+    Credentials (index/auth.py): the URL's user part, then the environment variables of
+    ``ENV_PAIRS``, then ~/.netrc; twine asks keyring itself when none are found.
+    """
     environ = os.environ if environ is None else environ
-    upload_url, url_user, url_password = _split_userinfo(to)
-    if simple_url:
-        simple, simple_user, simple_password = _split_userinfo(simple_url)
-        url_user, url_password = url_user or simple_user, url_password or simple_password
-    else:
-        simple = upload_url.rstrip("/") + "/simple/"
-    username = url_user or environ.get(ENV_USERNAME) or environ.get("TWINE_USERNAME") or None
-    password = url_password or environ.get(ENV_PASSWORD) or environ.get("TWINE_PASSWORD") or None
+    auth = Auth([u for u in (to, simple_url) if u], env=ENV_PAIRS, environ=environ)
+    upload_url, _ = split_userinfo(to)
+    simple = split_userinfo(simple_url)[0] if simple_url else upload_url.rstrip("/") + "/simple/"
     if not simple.endswith("/"):
         simple += "/"
     for url in (upload_url, simple):
         if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-            raise PublishError(f"{strip_userinfo(url)} is not an http(s) URL with a host.")
-    return ServerIndex(upload_url, simple, username, password)
+            raise PublishError(f"{redact(url)} is not an http(s) URL with a host.")
+    cred = auth.for_url(upload_url) or auth.for_url(simple)
+    username = (cred.username if cred else None) or None
+    password = (cred.password if cred else None) or None
+    if cred is not None and password is None:  # user in the URL, password from the environment
+        password = environ.get(ENV_PASSWORD) or environ.get("TWINE_PASSWORD") or None
+    return ServerIndex(upload_url, simple, username, password, auth)
 
 
 # --------------------------------------------------------------------------- reading
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
-        return None  # redirects surface as HTTPError and are decided in _get
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
-def _same_origin(a: str, b: str) -> bool:
-    pa, pb = urlsplit(a), urlsplit(b)
-    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
-
-
-def _auth_header(index: ServerIndex) -> dict[str, str]:
-    if not (index.username and index.password):
-        return {}
-    token = b64encode(f"{index.username}:{index.password}".encode()).decode()
-    return {"Authorization": f"Basic {token}"}
-
-
-def _get(index: ServerIndex, url: str, timeout: float) -> tuple[str, str, bytes] | None:
-    """GET ``url`` as (final URL, content type, body); None when the server has no such page.
-
-    A redirect to another host (pypiserver's fallback to a public index) counts as none:
-    what matters is what this server holds. A 401 is retried once with the credentials.
-    """
-    headers = {"Accept": ACCEPT}
-    for _ in range(6):
-        req = urllib.request.Request(url, headers=headers)
-        try:
-            with _OPENER.open(req, timeout=timeout) as resp:
-                return resp.geturl(), resp.headers.get("Content-Type", ""), resp.read()
-        except urllib.error.HTTPError as e:
-            if e.code in (301, 302, 303, 307, 308):
-                target = urljoin(url, e.headers.get("Location", ""))
-                if not _same_origin(url, target):
-                    return None
-                url = target
-            elif e.code == 401 and "Authorization" not in headers and _auth_header(index):
-                headers.update(_auth_header(index))
-            elif e.code in (401, 403):
-                raise index.fail(
-                    f"the index refused to show {url} (HTTP {e.code}): the credentials are "
-                    f"missing or wrong. {_CREDENTIALS_HINT}"
-                ) from None
-            elif e.code in (404, 410):
-                return None
-            else:
-                raise index.fail(
-                    f"the index answered HTTP {e.code} {e.reason} for {url}. Check --to / "
-                    "--simple-url (the simple API is <to>/simple/ unless --simple-url says "
-                    "otherwise) and the server's health, then run again."
-                ) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise index.fail(
-                f"cannot reach the index at {url}: {reason}. Check the URL, that the server "
-                "is running and reachable from here (proxy settings included), then run again."
-            ) from None
-    raise index.fail(f"too many redirects from {url}. Check --simple-url.")
-
-
-class _Anchors(HTMLParser):
-    """The href of every <a> on a PEP 503 page."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            href = dict(attrs).get("href")
-            if href:
-                self.hrefs.append(href)
-
-
-def _parse_page(page_url: str, content_type: str, body: bytes) -> dict[str, tuple[str, str | None]]:
-    """File name -> (absolute URL, sha256 or None), from a PEP 691 JSON or PEP 503 page."""
-    files: dict[str, tuple[str, str | None]] = {}
-    if content_type.split(";")[0].strip() == JSON_TYPE:
-        for f in json.loads(body).get("files", []):
-            url = urljoin(page_url, f["url"])
-            files[f["filename"]] = (url, f.get("hashes", {}).get("sha256"))
-        return files
-    parser = _Anchors()
-    parser.feed(body.decode("utf-8", errors="replace"))
-    for href in parser.hrefs:
-        url, _, fragment = urljoin(page_url, href).partition("#")
-        name = unquote(PurePosixPath(urlsplit(url).path).name)
-        algo, _, digest = fragment.partition("=")
-        files[name] = (url, digest.lower() if algo == "sha256" and digest else None)
-    return files
-
-
-def _download_sha256(index: ServerIndex, url: str, timeout: float) -> str:
-    """Hash a file on the server whose page gives no sha256 (credentials go only to the
-    simple API's own host)."""
-    headers = _auth_header(index) if _same_origin(url, index.simple_url) else {}
-    req = urllib.request.Request(url, headers=headers)
-    h = sha256()
-    try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            for chunk in iter(lambda: resp.read(1 << 20), b""):
-                h.update(chunk)
-    except (urllib.error.URLError, OSError) as e:
-        raise index.fail(f"cannot download {url} to compare it: {e}.") from None
-    return h.hexdigest()
-
-
 def published_files(
     index: ServerIndex, project: str, timeout: float = 60.0
 ) -> dict[str, tuple[str, str | None]]:
-    """What the server's simple page lists for ``project``: name -> (URL, sha256 or None)."""
-    page = _get(index, f"{index.simple_url}{project}/", timeout)
-    if page is None:
-        return {}
+    """What the server's simple page lists for ``project``: name -> (URL, sha256 or None).
+
+    A redirect to another host (pypiserver's fallback to a public index) counts as none:
+    what matters is what this server holds."""
+    files = index.client(timeout).list_files(project, index.simple_url, other_hosts=False)
+    return {f.filename: (f.url, f.sha256) for f in files}
+
+
+def _download_sha256(index: ServerIndex, url: str, timeout: float) -> str:
+    """Hash a file on the server whose page gives no sha256."""
+    resp = index.client(timeout).open(url)
+    if resp is None:
+        raise index.fail(f"the index lists {url} but does not serve it (HTTP 404).")
+    h = sha256()
     try:
-        return _parse_page(*page)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise index.fail(
-            f"cannot read the simple page {page[0]} ({e}). Check --simple-url: it must be "
-            "the index's PEP 503/691 simple API."
-        ) from None
+        with resp:
+            for chunk in iter(lambda: resp.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise index.fail(f"cannot download {url} to compare it: {e}.") from None
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- uploading

@@ -17,7 +17,8 @@ import urllib.request
 from pathlib import Path
 
 from vllm_overlay.errors import DownloadError, IntegrityError
-from vllm_overlay.index.client import configured_index_urls, find_file, sanitize_url
+from vllm_overlay.index.auth import redact
+from vllm_overlay.index.client import IndexClient, configured_index_urls
 from vllm_overlay.pin.lockfile import Artifact
 from vllm_overlay.util import cache_dir, exclusive_lock, info, sha256_file
 
@@ -60,20 +61,29 @@ def _progress(name: str, done: int, total: int | None, started: float, last: lis
         info(f"  {name}: {done / 1e6:.1f} MB ({rate:.0f} MB/s)")
 
 
-def download_to(url: str, dest: Path, expected_size: int | None, label: str) -> None:
-    """Stream ``url`` into ``dest`` (which should be a temp path), with progress."""
+def download_to(
+    url: str, dest: Path, expected_size: int | None, label: str, client: IndexClient | None = None
+) -> None:
+    """Stream ``url`` into ``dest`` (which should be a temp path), with progress; ``client``
+    carries the index's credentials (sent only to the index's own host)."""
     if url.startswith("file://"):
         src = Path(urllib.request.url2pathname(url[len("file://") :]))
         with open(src, "rb") as fi, open(dest, "wb") as fo:
             for chunk in iter(lambda: fi.read(CHUNK), b""):
                 fo.write(chunk)
         return
-    req = urllib.request.Request(url, headers={"User-Agent": "vllm-overlay"})
+    client = client or IndexClient(timeout=120)
+    resp = client.open(url)
+    if resp is None:
+        raise DownloadError(
+            f"{redact(url)} is gone from the package index (HTTP 404). Nothing was cached; "
+            "check that the index still has the pinned file."
+        )
     started = time.monotonic()
     last = [started]
     done = 0
     try:
-        with urllib.request.urlopen(req, timeout=120) as resp, open(dest, "wb") as fo:
+        with resp, open(dest, "wb") as fo:
             total = expected_size or int(resp.headers.get("Content-Length") or 0) or None
             info(f"downloading {label} ({total / 1e6:.1f} MB)" if total else f"downloading {label}")
             while True:
@@ -86,12 +96,12 @@ def download_to(url: str, dest: Path, expected_size: int | None, label: str) -> 
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
         raise DownloadError(
-            f"downloading {label} from {sanitize_url(url)} failed after {done} bytes ({reason}). "
+            f"downloading {label} from {redact(url)} failed after {done} bytes ({reason}). "
             "Nothing was cached; run the command again to restart the download."
         ) from e
     if expected_size is not None and done != expected_size:
         raise DownloadError(
-            f"downloading {label} from {sanitize_url(url)} stopped at {done} of {expected_size} "
+            f"downloading {label} from {redact(url)} stopped at {done} of {expected_size} "
             "bytes (connection closed early). Nothing was cached; run the command again."
         )
 
@@ -119,7 +129,8 @@ def ensure_artifact(
         if dest.is_file():
             return dest
         urls = configured_index_urls(index_url)
-        entry = find_file(a.filename, project, urls)
+        client = IndexClient(urls, timeout=120)
+        entry = client.find_file(a.filename, project, urls)
         if entry.sha256 and entry.sha256 != a.sha256:
             raise IntegrityError(
                 f"{a.filename}: the index publishes sha256 {entry.sha256}, but upstream.lock pins "
@@ -131,7 +142,7 @@ def ensure_artifact(
         fd, tmp = tempfile.mkstemp(prefix=f"{a.filename}.", suffix=".part", dir=tmpdir)
         os.close(fd)
         try:
-            download_to(entry.url, Path(tmp), a.size, a.filename)
+            download_to(entry.url, Path(tmp), a.size, a.filename, client)
             verify_file(Path(tmp), a)
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(tmp, 0o444)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import tomlkit
+from packaging.utils import parse_wheel_filename
 
 from vllm_overlay.errors import LockFileError
 from vllm_overlay.util import atomic_write_text, sha256_bytes
@@ -39,7 +40,8 @@ class Artifact:
     def platform_tag(self) -> str | None:
         if self.kind != "wheel":
             return None
-        return self.filename[: -len(".whl")].split("-")[-1]
+        _name, _version, _build, tags = parse_wheel_filename(self.filename)
+        return ".".join(sorted({t.platform for t in tags}))
 
 
 @dataclass(frozen=True)

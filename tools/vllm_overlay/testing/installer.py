@@ -15,31 +15,11 @@ across all indexes as pip does (``--index-strategy unsafe-best-match``).
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import util
-
-INSTALLER_ENV = "VLLM_OVERLAY_INSTALLER"  # "pip" forces pip even where uv is installed
-
-
-def find_uv() -> str | None:
-    """The uv executable: the one installed with this tool, else uv on PATH, else None."""
-    if os.environ.get(INSTALLER_ENV, "").strip().lower() == "pip":
-        return None
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        pass
-    beside = Path(sys.executable).parent / "uv"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return os.fspath(beside)
-    return shutil.which("uv")
 
 
 @dataclass(frozen=True)
@@ -104,7 +84,7 @@ class Installer:
 
 def installer() -> Installer:
     """uv if it is installed, else pip."""
-    return Installer(find_uv())
+    return Installer(util.find_uv())
 
 
 def _pip_setting(key: str) -> str:

@@ -12,8 +12,6 @@ build leaves nothing in the output directory.
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import shutil
 import sys
 import tempfile
@@ -31,7 +29,7 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import cached_path, ensure_artifact
 from vllm_overlay.pin.lockfile import Artifact, Lock
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.util import exclusive_lock, info, sha256_bytes, sha256_file
+from vllm_overlay.util import exclusive_lock, info, link_new, sha256_bytes
 from vllm_overlay.wheel.metadata import WheelName, local_label, overlay_version, parse_name
 from vllm_overlay.wheel.provenance import (
     ChangedFile,
@@ -319,38 +317,10 @@ def _refuse(dest: Path, p: BuildPlan) -> BuildError:
 
 def place(tmp: Path, dest: Path, p: BuildPlan) -> bool:
     """Put ``tmp`` at ``dest`` without ever replacing another file; False if identical."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists():
-        if sha256_file(dest) == sha256_file(tmp):
-            return False
-        raise _refuse(dest, p)
     try:
-        os.link(tmp, dest)
-        return True
+        return link_new(tmp, dest)
     except FileExistsError:
-        return place(tmp, dest, p)
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-            raise
-    fd, side = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as fo, open(tmp, "rb") as fi:
-            shutil.copyfileobj(fi, fo, 1 << 22)
-            fo.flush()
-            os.fsync(fo.fileno())
-        os.chmod(side, 0o644)
-        try:
-            os.link(side, dest)
-        except FileExistsError:
-            return place(tmp, dest, p)
-        except OSError:  # no hard links here: rename, after one more look
-            if dest.exists():
-                return place(tmp, dest, p)
-            os.rename(side, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(side)
-    return True
+        raise _refuse(dest, p) from None
 
 
 # -- scratch space -------------------------------------------------------------------------

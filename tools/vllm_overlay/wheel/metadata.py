@@ -97,13 +97,14 @@ class WheelName:
 def parse_name(filename: str) -> WheelName:
     """Split a wheel file name (no build tag) into distribution, version and tags."""
     try:
-        parse_wheel_filename(filename)
-    except InvalidWheelFilename as e:
+        _name, _version, build, _tags = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion) as e:
         raise BuildError(f"{filename} is not a valid wheel file name: {e}") from e
-    parts = filename[: -len(".whl")].split("-")
-    if len(parts) != 5:
+    if build:
         raise BuildError(f"{filename}: wheels with a build tag are not supported.")
-    return WheelName(parts[0], parts[1], "-".join(parts[2:]))
+    # packaging validated it and normalises the name; keep the file name's own spelling
+    distribution, version, tags = filename[: -len(".whl")].split("-", 2)
+    return WheelName(distribution, version, tags)
 
 
 def dist_info_dirs(names: list[str]) -> list[str]:

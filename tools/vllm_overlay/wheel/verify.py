@@ -2,8 +2,10 @@
 
 Checks, each failure naming the member and what differs:
 - zip: the archive reads, no name is stored twice, every member's CRC holds;
+- names: every member stays inside the install (no absolute path, ``..`` or backslash);
 - record: every member has a RECORD row with its sha256 and size, and every row a member;
-- dist-info: exactly one ``.dist-info``, named for the file name's distribution and version;
+- dist-info: exactly one ``.dist-info``, named for the file name's distribution and version,
+  holding WHEEL;
 - metadata: METADATA's Version is the file name's version;
 - provenance: the record is there, its version is METADATA's, and ``vllm/_version.py``
   reports the version the record says;
@@ -11,30 +13,24 @@ Checks, each failure naming the member and what differs:
   files that are not wheel content (tests/) are absent, and the record names this overlay;
 - official (repack): every other member is the official wheel's, compressed bytes and all;
   (precompiled): the compiled members are the official wheel's, byte for byte;
-- install: ``pip install --no-deps --target`` into a temporary directory succeeds and
-  ``importlib.metadata`` there reports the wheel's version.
+- install: a real installer (uv, else pip; ``wheel/installcheck.py``) installs the wheel
+  with ``--no-deps --target`` into a temporary directory, and ``importlib.metadata`` there
+  reports the wheel's version.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
-import os
-import sys
-import tempfile
+import re
 import zipfile
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
-
-from packaging.tags import parse_tag, sys_tags
-from packaging.utils import canonicalize_name
+from typing import Any
 
 from vllm_overlay.errors import BuildError, OverlayError
-from vllm_overlay.util import run
+from vllm_overlay.wheel.hashes import hashes_reusing_official, member_hashes, raw_equal
+from vllm_overlay.wheel.installcheck import check_installed, installing
 from vllm_overlay.wheel.metadata import (
     VERSION_PY,
     RecordRow,
@@ -47,7 +43,7 @@ from vllm_overlay.wheel.metadata import (
     version_py_version,
 )
 from vllm_overlay.wheel.provenance import PROVENANCE_NAME, ChangedFile, parse
-from vllm_overlay.wheel.zipcopy import SourceMember, ZipFormatError, locate_members, read_raw
+from vllm_overlay.wheel.zipcopy import ZipFormatError, locate_members
 
 MAX_SHOWN = 25
 
@@ -97,6 +93,8 @@ class _Wheel:
     names: list[str]
     dist_info: str | None = None
     hashes: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    official: Path | None = None  # members raw-identical to its members reuse its hashes
+    same_as_official: set[str] = field(default_factory=set)  # proven byte-identical
 
     def read(self, member: str) -> bytes | None:
         try:
@@ -115,16 +113,13 @@ def verify_wheel(
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
         raise VerifyError(path, [f"zip: the archive cannot be read: {e}"]) from e
-    with zf:
+    # The install runs in its own process while the checks below read the archive; its
+    # result counts only when they all pass.
+    with zf, installing(path, name, enabled=install) as installed:
         w = _Wheel(path, name, zf, [i.filename for i in zf.infolist()])
+        w.official = expect.official if expect is not None else None
         result = VerifyResult(path, name.version, None)
-        steps = [
-            ("zip", lambda: _check_zip(w)),
-            ("record", lambda: _check_record(w)),
-            ("dist-info", lambda: _check_dist_info(w)),
-            ("metadata", lambda: _check_metadata(w)),
-        ]
-        for label, step in steps:
+        for label, step in [*_installable_steps(w), ("metadata", lambda: _check_metadata(w))]:
             _run_step(label, step, problems, result)
         doc, prov_problems = _check_provenance(w)
         result.provenance = doc
@@ -136,13 +131,49 @@ def verify_wheel(
                 _run_step(
                     "official", lambda: _check_official(w, strategy, expect), problems, result
                 )
-    if problems:
-        raise VerifyError(path, problems)
-    if install:
-        _record(problems, result, "install", _check_install(path, name, doc, expect))
         if problems:
             raise VerifyError(path, problems)
+        if install:
+            target, found = installed()
+            if target is not None and not found:
+                files = expect.files if expect else ()
+                found = check_installed(target, name, doc, files)
+            _record(problems, result, "install", found)
+    if problems:
+        raise VerifyError(path, problems)
     return result
+
+
+def check_installable(path: Path) -> list[str]:
+    """What an installer checks before it writes anything, as "check: problem" lines (empty
+    when the wheel would install): the archive reads, member names stay inside the install,
+    RECORD lists every member with its hash and size, exactly one .dist-info (named for the
+    file name) holding WHEEL. ``publish`` refuses a wheel with any of these."""
+    path = Path(path)
+    try:
+        name = parse_name(path.name)
+    except BuildError as e:
+        return [f"name: {e}"]
+    problems: list[str] = []
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        return [f"zip: the archive cannot be read: {e}"]
+    with zf:
+        w = _Wheel(path, name, zf, [i.filename for i in zf.infolist()])
+        result = VerifyResult(path, name.version, None)
+        for label, step in _installable_steps(w):
+            _run_step(label, step, problems, result)
+    return problems
+
+
+def _installable_steps(w: _Wheel) -> list[tuple[str, Any]]:
+    return [
+        ("zip", lambda: _check_zip(w)),
+        ("names", lambda: _check_member_names(w)),
+        ("record", lambda: _check_record(w)),
+        ("dist-info", lambda: _check_dist_info(w)),
+    ]
 
 
 def _run_step(label: str, step: Any, problems: list[str], result: VerifyResult) -> None:
@@ -179,62 +210,13 @@ def _check_zip(w: _Wheel) -> list[str]:
             out.append(f"{n}: stored twice")
         seen.add(n)
     try:
-        w.hashes = member_hashes(w.path)
+        if w.official is not None:
+            w.hashes, w.same_as_official = hashes_reusing_official(w.path, w.official)
+        else:
+            w.hashes = member_hashes(w.path)
     except ZipFormatError as e:
         return [*out, str(e)]
     out.extend(f"{n}: cannot be read: {err}" for n, (_, _, err) in w.hashes.items() if err)
-    return out
-
-
-def _digest(f: BinaryIO, m: SourceMember) -> tuple[str, int, str]:
-    """(sha256 hex, size, error) of a member's content, decompressed from its raw bytes.
-
-    The CRC and size in the central directory are checked along the way."""
-    info = m.info
-    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        return "", 0, f"compression method {info.compress_type} is not stored or deflate"
-    d = zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
-    h, crc, size = hashlib.sha256(), 0, 0
-    try:
-        for chunk in read_raw(f, m, 1 << 24):
-            data = d.decompress(chunk) if d else chunk
-            h.update(data)
-            crc = zlib.crc32(data, crc)
-            size += len(data)
-        if d is not None:
-            tail = d.flush()
-            h.update(tail)
-            crc = zlib.crc32(tail, crc)
-            size += len(tail)
-            if not d.eof:
-                return "", size, "the deflate stream is truncated"
-    except (zlib.error, ZipFormatError) as e:
-        return "", size, str(e)
-    if crc != info.CRC:
-        return "", size, f"CRC-32 {crc:08x}, the central directory says {info.CRC:08x}"
-    if size != info.file_size:
-        return "", size, f"{size} bytes, the central directory says {info.file_size}"
-    return h.hexdigest(), size, ""
-
-
-def _digest_slice(path: Path, members: Sequence[SourceMember]) -> dict[str, tuple[str, int, str]]:
-    with open(path, "rb") as f:
-        return {m.name: _digest(f, m) for m in members}
-
-
-def member_hashes(path: Path, workers: int = 2) -> dict[str, tuple[str, int, str]]:
-    """name -> (sha256 hex, size, error) for every member, read in parallel slices."""
-    members = [m for m in locate_members(path) if not m.name.endswith("/")]
-    total = sum(m.info.compress_size for m in members) or 1
-    slices: list[list[SourceMember]] = [[] for _ in range(workers)]
-    acc = 0
-    for m in members:
-        slices[min(workers - 1, acc * workers // total)].append(m)
-        acc += m.info.compress_size
-    out: dict[str, tuple[str, int, str]] = {}
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        for part in ex.map(lambda s: _digest_slice(path, s), [s for s in slices if s]):
-            out.update(part)
     return out
 
 
@@ -277,15 +259,31 @@ def _compare_row(n: str, row: RecordRow, hexd: str, size: int) -> list[str]:
 # -- names, METADATA, provenance -----------------------------------------------------------
 
 
+def _check_member_names(w: _Wheel) -> list[str]:
+    """Every member lands inside the install: no absolute path, drive, ``..`` or backslash."""
+    out = []
+    for n in w.names:
+        if n.startswith("/") or re.match(r"^[A-Za-z]:", n):
+            out.append(f"{n}: an absolute path; an installer would write outside the install")
+        elif "\\" in n:
+            out.append(f"{n}: contains a backslash; installers refuse such member names")
+        elif ".." in n.split("/"):
+            out.append(f"{n}: contains '..'; an installer would write outside the install")
+    return out
+
+
 def _check_dist_info(w: _Wheel) -> list[str]:
     dirs = dist_info_dirs(w.names)
     if len(dirs) != 1:
         return [f"expected exactly one .dist-info directory, found {len(dirs)}: {dirs}"]
     w.dist_info = dirs[0]
+    out = []
     want = w.name.dist_info
     if dirs[0] != want:
-        return [f"{dirs[0]}: expected {want} (from the file name)"]
-    return []
+        out.append(f"{dirs[0]}: expected {want} (from the file name)")
+    if w.read(f"{dirs[0]}/WHEEL") is None:
+        out.append(f"{dirs[0]}/WHEEL is missing")
+    return out
 
 
 def _check_metadata(w: _Wheel) -> list[str]:
@@ -372,18 +370,6 @@ def _check_changes(w: _Wheel, doc: Mapping[str, Any] | None, expect: Expectation
     return out
 
 
-def _raw_equal(fa: Any, a: SourceMember, fb: Any, b: SourceMember) -> bool:
-    ia, ib = a.info, b.info
-    if (ia.compress_type, ia.CRC, ia.compress_size, ia.file_size) != (
-        ib.compress_type,
-        ib.CRC,
-        ib.compress_size,
-        ib.file_size,
-    ):
-        return False
-    return all(x == y for x, y in zip(read_raw(fa, a), read_raw(fb, b), strict=True))
-
-
 def _check_repack_identity(w: _Wheel, expect: Expectation) -> list[str]:
     assert expect.official is not None and w.dist_info is not None
     official = {m.name: m for m in locate_members(expect.official)}
@@ -410,7 +396,7 @@ def _check_repack_identity(w: _Wheel, expect: Expectation) -> list[str]:
                     f"{new_name}: mode {oct(m.info.external_attr >> 16)}, official "
                     f"{oct(om.info.external_attr >> 16)}"
                 )
-            elif not _raw_equal(fm, m, fo, om):
+            elif new_name not in w.same_as_official and not raw_equal(fm, m, fo, om):
                 out.append(f"{new_name}: not byte-identical to the official wheel's member")
     renamed = {
         w.dist_info + n[len(old_di) :] if n.startswith(old_di + "/") else n for n in official
@@ -442,90 +428,4 @@ def _check_compiled_identity(w: _Wheel, official_path: Path) -> list[str]:
                 out.append(f"{n}: compiled member of the official wheel is missing")
             elif hashlib.sha256(mine).digest() != hashlib.sha256(zo.read(n)).digest():
                 out.append(f"{n}: differs from the official wheel's compiled member")
-    return out
-
-
-# -- install -------------------------------------------------------------------------------
-
-
-def _platform_args(name: WheelName) -> list[str]:
-    """pip options that let it install a wheel built for another platform (or none)."""
-    tags = parse_tag(name.tags)
-    if tags & set(sys_tags()):
-        return []
-    args = ["--only-binary=:all:"]
-    for t in sorted({t.platform for t in tags}):
-        args += ["--platform", t]
-    for t in sorted({t.abi for t in tags}):
-        args += ["--abi", t]
-    return args
-
-
-def _install_root(path: Path) -> str | None:
-    """A memory-backed temporary directory when one has room (an install of vLLM writes
-    ~600 MB; on a slow disk that is most of the check's time), else the default."""
-    with zipfile.ZipFile(path) as zf:
-        need = 3 * sum(i.file_size for i in zf.infolist())
-    shm = Path("/dev/shm")
-    try:
-        st = os.statvfs(shm)
-    except OSError:
-        return None
-    if os.access(shm, os.W_OK) and st.f_bavail * st.f_frsize > need:
-        return str(shm)
-    return None
-
-
-def _check_install(
-    path: Path, name: WheelName, doc: Mapping[str, Any] | None, expect: Expectation | None
-) -> list[str]:
-    root = _install_root(path)
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-verify-", dir=root) as tmp:
-        target = Path(tmp) / "site"
-        pip_tmp = Path(tmp) / "tmp"
-        pip_tmp.mkdir()
-        try:
-            run(
-                sys.executable, "-m", "pip", "--isolated", "install", "--no-deps", "--no-index",
-                "--no-compile", "--disable-pip-version-check", "-q", *_platform_args(name),
-                "--target", target, path,
-                env={**os.environ, "TMPDIR": str(pip_tmp)},
-                hint="pip could not install the wheel into a temporary directory.",
-            )  # fmt: skip
-        except OverlayError as e:
-            return [f"pip install --no-deps --target failed:\n{e}"]
-        return _check_installed(target, name, doc, expect)
-
-
-def _check_installed(
-    target: Path, name: WheelName, doc: Mapping[str, Any] | None, expect: Expectation | None
-) -> list[str]:
-    dists = [
-        d
-        for d in importlib.metadata.distributions(path=[str(target)])
-        if canonicalize_name(d.metadata["Name"] or "") == canonicalize_name(name.distribution)
-    ]
-    if len(dists) != 1:
-        return [
-            f"importlib.metadata finds {len(dists)} {name.distribution} distributions after install"
-        ]
-    out = []
-    got = dists[0].version
-    if got != name.version:
-        out.append(
-            f"importlib.metadata.version({name.distribution!r}) is {got}, expected {name.version}"
-        )
-    vp = target / VERSION_PY
-    if (
-        doc is not None
-        and vp.is_file()
-        and version_py_version(vp.read_bytes()) != doc["version_py"]
-    ):
-        out.append(f"installed {VERSION_PY} does not report {doc['version_py']}")
-    for f in expect.files if expect else ():
-        installed = target / f.path
-        if f.in_wheel and not installed.is_file():
-            out.append(f"installed tree lacks {f.path}")
-        elif f.in_wheel and installed.read_bytes() != f.content:
-            out.append(f"installed {f.path} differs from the patched tree's file")
     return out
