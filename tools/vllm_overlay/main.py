@@ -32,6 +32,8 @@ COMMANDS = (
     "suite",
     "publish",
     "rebase",
+    "outlook",
+    "track",
 )
 
 EPILOG = """\
