@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from conftest import FIXED_CONNECTOR_SNIPPET, Proj, git_out, run_cli, tree_snapshot, write_overlay
 from synthetic import CONNECTOR, IndexServer, make_upstream, release_files
-
 from vllm_overlay.util import exclusive_lock
 
 
