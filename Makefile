@@ -9,9 +9,10 @@ OUT    ?= dist
 INDEX  ?=
 TO     ?=
 PYTEST_ARGS ?=
+TRACK_REPORT_DIR ?= .work/track
 
 .PHONY: help venv build-wheel test test-unit test-upstream lint apply fetch edit export \
-        check-overlay status publish rebase bench clean
+        check-overlay status publish rebase outlook track bench clean
 
 help:
 	@echo "make build-wheel    build dist/vllm-<release>+<overlay>-….whl (strategy auto) and verify it"
@@ -22,7 +23,9 @@ help:
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
-	@echo "make bench          repack benchmark on the real wheel"
+	@echo "make outlook        every change against every newer vLLM release (the matrix)"
+	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
+	@echo "make bench          repack and outlook benchmarks on the real artifacts"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -75,8 +78,17 @@ rebase: $(STAMP)
 	@test -n "$(TO)" || { echo "usage: make rebase TO=VERSION"; exit 2; }
 	$(VO) rebase --to $(TO) $(if $(COMMIT),--commit $(COMMIT))
 
+outlook: $(STAMP)
+	$(VO) outlook
+
+# What the daily workflow runs (.github/workflows/track-upstream.yml): exit 0 up to date or
+# ready for review, 1 needs a person; the report goes to $(TRACK_REPORT_DIR).
+track: $(STAMP)
+	$(VO) track $(if $(TO),--to $(TO)) $(if $(SUITE),--suite) --report-dir $(TRACK_REPORT_DIR)
+
 bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_repack.py
+	$(VENV)/bin/python bench/bench_outlook.py
 
 clean:
 	rm -rf .work $(OUT)

@@ -140,3 +140,49 @@ def test_killed_half_way_then_the_next_run_starts_clean(proj4, tmp_path):
     rep = json.loads((proj4.root / ".work/track/track-report.json").read_text())
     assert rep["status"] == "ready"
     assert _person(proj4.root) == before
+
+
+# --- the workflow --------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_workflow_runs_make_track_daily_and_on_demand_and_opens_the_pr():
+    import shlex
+
+    import yaml
+
+    wf = yaml.safe_load((REPO / ".github/workflows/track-upstream.yml").read_text())
+    on = wf.get("on", wf.get(True))  # YAML 1.1 reads a bare `on` as true
+    cron = on["schedule"][0]["cron"].split()
+    assert len(cron) == 5 and cron[2:] == ["*", "*", "*"], cron  # once a day
+    assert "workflow_dispatch" in on
+    assert wf["permissions"]["pull-requests"] == "write"
+    steps = wf["jobs"]["track"]["steps"]
+    runs = {s.get("name", ""): s.get("run", "") for s in steps}
+    track = next(r for r in runs.values() if "make track" in r)
+    make_line = next(ln for ln in track.splitlines() if ln.strip().startswith("make track"))
+    words = shlex.split(make_line)
+    report_dir = next(w.split("=", 1)[1] for w in words if w.startswith("TRACK_REPORT_DIR="))
+    pr = next(r for n, r in runs.items() if "pull request" in n)
+    assert "gh pr create" in pr and "gh pr edit" in pr
+    assert f"--body-file {report_dir}/track-report.md" in pr
+    pr_step = next(s for s in steps if "pull request" in s.get("name", ""))
+    assert pr_step["if"] == "steps.track.outputs.status == 'ready'"
+    # The make line the workflow runs (its expressions empty, as on the daily schedule)
+    # really runs `vllm-overlay track` into that directory.
+    import re
+
+    line = re.sub(r"\$\{\{[^}]*\}\}", "", make_line)
+    dry = subprocess.run(
+        [*shlex.split(line.replace("make track", "make -n -o .venv/.installed track", 1))],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert shlex.split(dry) == [".venv/bin/vllm-overlay", "track", "--report-dir", report_dir]
+    dry = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "track", "TO=1.2.3", "SUITE=1"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert shlex.split(dry) == [
+        ".venv/bin/vllm-overlay", "track", "--to", "1.2.3", "--suite", "--report-dir", ".work/track"
+    ]  # fmt: skip
