@@ -69,10 +69,9 @@ def test_results_are_cached_per_series_and_release(cli, project):
     assert json.loads(second.out) == json.loads(first.out)
     assert [r for r in project.index.requests if r.startswith("/files/")] == sdist_gets
     # A change to the series is a new key: computed again.
-    patch = project.overlay / (CONNECTOR + ".patch")
-    patch.write_text(patch.read_text())  # same bytes: same digest
-    assert "(2 from the cache)" in _outlook(cli, project).err
     toml = project.overlay / "overlay.toml"
+    toml.write_text(toml.read_text())  # rewritten, same bytes: same digest
+    assert "(2 from the cache)" in _outlook(cli, project).err
     toml.write_text(toml.read_text().replace("vllm>=1.3.0", "vllm>=1.2.0"))
     res = _outlook(cli, project, "--json")
     assert "(0 from the cache)" in res.err
@@ -256,3 +255,31 @@ def test_index_down(cli, project):
     assert res.rc == 1
     assert f"the package index {url} is unreachable" in res.err
     assert "Traceback" not in res.err
+
+
+def test_classifier_takes_the_series_in_order_on_one_file():
+    """Two changes on one file: the second merges onto what the first left on the release;
+    after a stop, a later change on the same file says it assumes upstream's file."""
+    from vllm_overlay.overlay.model import Change
+
+    def ch(cid):
+        return Change(cid, "t", "w", "https://x", "s", "vllm>=9", ("f.py",), ())
+
+    old = b"".join(b"line %d\n" % i for i in range(40))
+    one = old.replace(b"line 5\n", b"line 5 first\n")
+    two = one.replace(b"line 30\n", b"line 30 second\n")
+    steps = [classify.Step(ch("a"), {"f.py": old}, {"f.py": one}),
+             classify.Step(ch("b"), {"f.py": one}, {"f.py": two})]  # fmt: skip
+    kw = dict(name="vllm", old_version="1.0", old_names=frozenset({"f.py"}),
+              new_names=frozenset({"f.py"}), read_new=lambda p: {})  # fmt: skip
+    shifted = b"new top\n" + old  # upstream adds a line: both patches need new context
+    outs = classify.classify_release(steps, version="2.0", new_files={"f.py": shifted}, **kw)
+    assert [o.state for o in outs] == ["refreshed", "refreshed"]
+    rewritten = old.replace(b"line 5\n", b"line 5 upstream\n")  # the first change conflicts
+    outs = classify.classify_release(steps, version="3.0", new_files={"f.py": rewritten}, **kw)
+    assert outs[0].state == "conflict" and "line 5 upstream" in outs[0].hunks["f.py"]
+    assert outs[1].notes == [
+        "assumes upstream's file where a stopped (its resolution may change this)"
+    ]
+    unchanged = classify.classify_release(steps, version="4.0", new_files={"f.py": old}, **kw)
+    assert [o.state for o in unchanged] == ["kept", "kept"]
