@@ -62,6 +62,12 @@ def _make_copy(project: Project, version: str) -> Copy:
     branch = f"track/vllm-{version}"
     worktree = project.work_dir / "track" / f"vllm-{version}"
     _remove_copy(root, worktree)
+    if rev_parse(root, "refs/heads/track"):
+        raise TrackError(
+            f"the branch `track` exists in {root}, so git cannot create {branch} (a branch "
+            "cannot also be a folder of branches). Rename it (`git branch -m track OTHER`) "
+            "and run this again."
+        )
     worktree.parent.mkdir(parents=True, exist_ok=True)
     git("worktree", "add", "-q", "-f", "-B", branch, str(worktree), "HEAD", cwd=root)
     rel = project.root.resolve().relative_to(root.resolve())
