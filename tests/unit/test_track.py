@@ -107,6 +107,13 @@ def test_unknown_target_is_a_usage_error(proj4, cli):
     assert "vllm 9.9.9 is not on the package index" in res.err
 
 
+def test_a_branch_named_track_is_reported(proj4):
+    subprocess.run(["git", "branch", "track"], cwd=proj4.root, check=True)
+    res = _track(proj4)
+    assert res.rc == 1
+    assert "the branch `track` exists in" in res.err and "git branch -m track OTHER" in res.err
+
+
 def test_two_runs_at_once(proj4):
     with exclusive_lock(proj4.root / ".work" / "track.lock", "a test"):
         res = _track(proj4)
