@@ -91,6 +91,11 @@ def markdown(rep: dict) -> str:
                 f"3. The new pin's commit is unverified; where the git host is reachable run "
                 f"`vllm-overlay lock --version {new} --commit SHA` to record it."
             )
+    elif r.get("status") == "failed":
+        out += [
+            "The rebase stopped on an error, not on a change: fix its cause (above), then run "
+            f"`vllm-overlay track --to {new}` again (it starts clean).",
+        ]
     else:
         stop = r.get("stopped_at") or {}
         for path, hunk in (rep.get("hunks") or {}).items():
