@@ -193,3 +193,13 @@ def test_workflow_runs_make_track_daily_and_on_demand_and_opens_the_pr():
     assert shlex.split(dry) == [
         ".venv/bin/vllm-overlay", "track", "--to", "1.2.3", "--suite", "--report-dir", ".work/track"
     ]  # fmt: skip
+
+
+def test_a_rebase_error_needs_a_person_and_says_to_run_again(proj4, tmp_path):
+    res = run_cli("track", "--index-url", proj4.index.url, "--test-python",
+                  tmp_path / "no-such-python", cwd=proj4.root)  # fmt: skip
+    assert res.rc == 1, res.err
+    md = (proj4.root / ".work/track/track-report.md").read_text()
+    assert "## The rebase failed" in md and "no-such-python is not installed" in md
+    assert "then run `vllm-overlay track --to 1.3.0` again (it starts clean)" in md
+    assert "rebase --continue" not in md
