@@ -203,3 +203,16 @@ def test_a_rebase_error_needs_a_person_and_says_to_run_again(proj4, tmp_path):
     assert "## The rebase failed" in md and "no-such-python is not installed" in md
     assert "then run `vllm-overlay track --to 1.3.0` again (it starts clean)" in md
     assert "rebase --continue" not in md
+
+
+def test_a_failed_proof_needs_a_person_and_shows_the_first_error(proj4):
+    toml = proj4.overlay / "overlay.toml"
+    toml.write_text(toml.read_text().replace("vllm>=1.3.0", "vllm>=1.2.0"))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "d"],
+                   cwd=proj4.root, check=True)  # fmt: skip
+    res = _track(proj4, "--to", "1.2.0")
+    assert res.rc == 1, res.err
+    md = (proj4.root / ".work/track/track-report.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| `group-block-size`"))
+    assert "| tests-failed |" in row and "1 failed" in row and "first error: `assert" in row
+    assert "upstream's version does not do what ours did" in md

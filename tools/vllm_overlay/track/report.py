@@ -56,6 +56,11 @@ def markdown(rep: dict) -> str:
             extra = []
             if c.get("renamed"):
                 extra.append("moved " + ", ".join(f"{a} → {b}" for a, b in c["renamed"].items()))
+            run_ = c.get("test_run") or {}
+            if c["status"] == "tests-failed":
+                extra.append(f"its tests without it: {run_.get('summary', '')}")
+                if run_.get("first_error"):
+                    extra.append(f"first error: `{run_['first_error']}`")
             if c.get("problems"):
                 extra += [f"{p['path']}: {p['kind']}: {p['detail']}" for p in c["problems"]]
             cell = "; ".join(x for x in [why, *extra] if x).replace("|", "\\|")
