@@ -11,9 +11,10 @@ TO     ?=
 PYTEST_ARGS ?=
 # uv (bootstrapped into the venv with pip, then installing the rest) or pip alone.
 INSTALLER ?= uv
+TRACK_REPORT_DIR ?= .work/track
 
-.PHONY: help venv build-wheel test test-unit test-upstream lint apply fetch edit export \
-        check-overlay status publish rebase bench bench-coldstart clean
+.PHONY: help venv build-wheel test test-unit test-upstream test-releases lint apply fetch \
+        edit export check-overlay status publish rebase outlook track bench bench-coldstart clean
 
 help:
 	@echo "make build-wheel    build dist/vllm-<release>+<overlay>-….whl (strategy auto) and verify it"
@@ -24,7 +25,9 @@ help:
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
-	@echo "make bench          repack benchmark on the real wheel; apply and rebase (git layer)"
+	@echo "make outlook        every change against every newer vLLM release (the matrix)"
+	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
+	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"
 	@echo "make bench-coldstart [BENCH_ARGS=--phases=…]  cold start on a fresh clone: pip vs uv"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -85,9 +88,18 @@ rebase: $(STAMP)
 	@test -n "$(TO)" || { echo "usage: make rebase TO=VERSION"; exit 2; }
 	$(VO) rebase --to $(TO) $(if $(COMMIT),--commit $(COMMIT))
 
+outlook: $(STAMP)
+	$(VO) outlook
+
+# What the daily workflow runs (.github/workflows/track-upstream.yml): exit 0 up to date or
+# ready for review, 1 needs a person; the report goes to $(TRACK_REPORT_DIR).
+track: $(STAMP)
+	$(VO) track $(if $(TO),--to $(TO)) $(if $(SUITE),--suite) --report-dir $(TRACK_REPORT_DIR)
+
 bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_repack.py
 	$(VENV)/bin/python bench/bench_git.py
+	$(VENV)/bin/python bench/bench_outlook.py
 
 # Fresh clone, empty caches, pip beside uv; minutes per phase (see --help for --phases).
 bench-coldstart: $(STAMP)

@@ -34,6 +34,8 @@ COMMANDS = (
     "suite",
     "publish",
     "rebase",
+    "outlook",
+    "track",
 )
 
 MODULES = {"import": "import_"}  # verbs whose module name is a Python keyword

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import util
-from vllm_overlay.errors import SuiteError
+from vllm_overlay.errors import OverlayError, SuiteError
 from vllm_overlay.testing import childenv
 from vllm_overlay.testing import contract as suite_plugin
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit_file
@@ -194,15 +194,20 @@ def _process_group(
     The one place a child runs outside ``util.run``: it must not wait for the child's exit
     to report progress, and must kill the whole group, workers included.
     """
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=environ,
-        stdin=subprocess.DEVNULL,
-        stdout=log,  # type: ignore[arg-type]
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=log,  # type: ignore[arg-type]
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except FileNotFoundError as e:
+        raise OverlayError(
+            f"{cmd[0]} is not installed or not on PATH ({e}). Install it and try again."
+        ) from e
     try:
         yield proc
     finally:

@@ -1,0 +1,69 @@
+"""The outlook of the series on main against the real vLLM releases 0.25.0 - 0.33.0."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, tree_snapshot
+from vllm_overlay.track.classify import STATES
+
+pytestmark = pytest.mark.network
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASES = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
+            "0.31.0", "0.32.0", "0.33.0"]  # fmt: skip
+
+
+@pytest.fixture
+def real_project(tmp_path) -> Path:
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy2(REPO / "upstream.lock", root / "upstream.lock")
+    shutil.copytree(REPO / "overlay", root / "overlay")
+    return root
+
+
+def test_series_on_main_against_every_release(real_project):
+    before = tree_snapshot(real_project)
+    res = run_cli("outlook", "--releases", ",".join(RELEASES), "--json", cwd=real_project)
+    assert res.rc == 0, res.err
+    data = json.loads(res.out)
+    assert data["pin"] == "0.24.0"
+    assert [c["version"] for c in data["releases"]] == RELEASES
+    ids = [c["id"] for c in data["changes"]]
+    for col in data["releases"]:
+        assert [o["id"] for o in col["outcomes"]] == ids
+        for o in col["outcomes"]:
+            assert o["state"] in STATES and o["reason"]
+    # Every change carries drop_when vllm>=0.25.0 (merged upstream in 0.25.0): all dropped,
+    # so the newest release is the safe target.
+    assert all(o["state"] == "dropped" for c in data["releases"] for o in c["outcomes"])
+    assert data["safe_target"] == "0.33.0"
+    assert tree_snapshot(real_project) == before
+    again = run_cli("outlook", "--releases", ",".join(RELEASES), "--json", cwd=real_project)
+    assert json.loads(again.out) == data
+    assert f"({len(RELEASES)} from the cache)" in again.err
+
+
+def test_real_classifier_without_drop_when(real_project, tmp_path):
+    """With drop_when out of the way the real three-way merges decide: upstream's merged
+    version of the fix differs from our backport, so the files conflict or collide."""
+    toml = real_project / "overlay" / "overlay.toml"
+    toml.write_text(
+        re.sub(r'drop_when = "vllm>=[^"]*"', 'drop_when = "vllm>=99"', toml.read_text())
+    )
+    page = tmp_path / "outlook.html"
+    res = run_cli("outlook", "--releases", ",".join(RELEASES), "--json", "--html", page,
+                  cwd=real_project)  # fmt: skip
+    assert res.rc == 0, res.err
+    data = json.loads(res.out)
+    stops = [o for c in data["releases"] for o in c["outcomes"] if o["state"] == "conflict"
+             or o["state"] == "collision"]  # fmt: skip
+    assert stops
+    assert all(o["files"] for o in stops)
+    assert any(o["hunks"] for o in stops)
+    assert 'class="matrix"' in page.read_text()

@@ -1,0 +1,67 @@
+"""vllm-overlay track: prepare the move to the newest vLLM release for review."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vllm_overlay.commands._options import add_index_url
+from vllm_overlay.overlay.project import find_project
+from vllm_overlay.track.track import exit_code, track
+
+HELP = "rebase a copy of the project onto the newest vLLM release and write a PR body"
+DESCRIPTION = """\
+What a scheduled CI job runs (.github/workflows/track-upstream.yml, `make track`):
+
+1. find the newest final release on the package index (or --to V); if upstream.lock already
+   pins it, say so and exit 0;
+2. rebase a COPY of the project: a git worktree of the project's repository on branch
+   track/vllm-<version> in .work/track/vllm-<version> (never your checkout or branch), with
+   proofs (the tests of dropped changes) and, with --suite, vLLM's kv_connector suite on the
+   rebased tree;
+3. write track-report.md (a pull-request body: old -> new pin, each change's outcome and
+   why, dropped changes with their proof, the suite comparison, what a person must do) and
+   track-report.json into --report-dir (default .work/track); when the rebase completed,
+   commit the rebased upstream.lock and overlay/ on the branch. On a stop the report carries
+   the conflict hunks and the commands to resume.
+
+One run per project at a time; an interrupted run leaves your checkout and branch as they
+were, and the next run starts clean. Exit status: 0 up to date or ready for review, 1 needs
+a person, 2 usage (e.g. --to names a yanked release).
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--to", metavar="VERSION", help="this release instead of the newest")
+    p.add_argument("--suite", action="store_true", help="also run the kv_connector suite")
+    p.add_argument(
+        "--test-python",
+        metavar="PATH",
+        help="run dropped changes' tests with this Python instead of vLLM's CPU test env",
+    )
+    p.add_argument(
+        "--report-dir",
+        metavar="DIR",
+        type=Path,
+        help="where track-report.md and track-report.json go (default: .work/track)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    add_index_url(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    rep = track(
+        find_project(),
+        to=args.to,
+        index_url=args.index_url,
+        suite=args.suite,
+        test_python=args.test_python,
+        report_dir=args.report_dir,
+    )
+    if args.json:
+        print(json.dumps(rep, indent=2, sort_keys=True))
+    else:
+        print(Path(rep["report"]["md"]).read_text(), end="")
+        print(f"(written to {rep['report']['md']} and {rep['report']['json']})")
+    return exit_code(rep)

@@ -1,0 +1,349 @@
+"""Where each change of the series lands on one release, from the touched files alone.
+
+The same decisions as ``rebase`` makes in a checkout, made on blobs in a scratch directory
+with git's own three-way merge (``git merge-file``), ``git apply -R --check`` and git's rename
+detection (``git diff --no-index -M``), so that every release takes a fraction of a second:
+
+- **dropped**: ``drop_when`` holds, or the release already has the change (our patch applies
+  in reverse, the merge leaves upstream's file unchanged, or a file we add is identical);
+  also when the three-way merge changes nothing;
+- **moved**: a file the change patches is gone (renamed: git's candidates; or deleted);
+- **collision**: a file the change adds now exists upstream, different from ours;
+- **conflict**: the three-way merge leaves conflict markers (the hunks are kept);
+- **kept**: the change merges and its exported patch is byte-identical;
+- **refreshed**: it merges cleanly with new context.
+
+Changes are taken in series order on the release's tree as the earlier changes leave it: a
+kept or refreshed change's result is what the next change sees, a dropped or stopped change
+leaves upstream's file (a note says when a later change depends on a stop's resolution).
+The rebase does this same work with a full checkout; this module is the fast twin the
+outlook uses (see docs/tracking.md for the one known difference: rename candidates are
+looked for among files with the same suffix).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from vllm_overlay.gitrepo import git_env
+from vllm_overlay.overlay.export import DIFF_OPTS
+from vllm_overlay.overlay.model import Change
+from vllm_overlay.util import run
+
+KEPT, REFRESHED, DROPPED = "kept", "refreshed", "dropped"
+CONFLICT, MOVED, COLLISION = "conflict", "moved", "collision"
+STATES = (KEPT, REFRESHED, DROPPED, CONFLICT, MOVED, COLLISION)
+CLEAN = (KEPT, REFRESHED, DROPPED)  # a rebase goes through without a person
+CONTEXT = 3
+
+Files = Mapping[str, "bytes | None"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One change at the pin: its files before it and after it (None: absent)."""
+
+    change: Change
+    before: dict[str, bytes | None]
+    after: dict[str, bytes | None]
+
+
+@dataclass
+class Outcome:
+    """Where one change lands on one release."""
+
+    id: str
+    state: str
+    reason: str = ""
+    files: list[str] = field(default_factory=list)  # the files behind a stop
+    hunks: dict[str, str] = field(default_factory=dict)  # path -> conflict regions (diff3)
+    candidates: dict[str, list[list]] = field(default_factory=dict)  # moved: path -> [[p, %]]
+    notes: list[str] = field(default_factory=list)
+    merged: dict[str, bytes | None] = field(default_factory=dict, repr=False)  # clean results
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "reason": self.reason,
+            "files": self.files,
+            "hunks": self.hunks,
+            "candidates": self.candidates,
+            "notes": self.notes,
+        }
+
+
+class Scratch:
+    """A directory for blobs and git's file-level tools."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.n = 0
+
+    def write(self, data: bytes, name: str = "blob") -> Path:
+        self.n += 1
+        p = self.root / f"{self.n:05d}-{PurePosixPath(name).name}"
+        p.write_bytes(data)
+        return p
+
+    def merge(self, new: bytes, old: bytes, ours: bytes, labels: tuple[str, str, str]):
+        """(merged bytes, number of conflicts) of ``git merge-file --diff3``."""
+        files = [self.write(new, "new"), self.write(old, "old"), self.write(ours, "ours")]
+        label_args = [a for lab in labels for a in ("-L", lab)]
+        out = _git_bytes("merge-file", "-p", "--diff3", *label_args, *map(str, files))
+        if out.returncode < 0 or out.returncode > 127:
+            raise RuntimeError(f"git merge-file failed: {out.stderr}")
+        return out.stdout, out.returncode
+
+    def hunks(self, a: bytes, b: bytes) -> str:
+        """The hunks of the canonical diff of ``a`` -> ``b`` (headers dropped: they name the
+        scratch files)."""
+        fa, fb = self.write(a, "a"), self.write(b, "b")
+        out = _git_bytes("diff", "--no-index", *DIFF_OPTS, str(fa), str(fb))
+        text = out.stdout.decode(errors="surrogateescape")
+        at = text.find("\n@@")
+        return text[at + 1 :] if at >= 0 else ""
+
+    def reverse_applies(self, path: str, before: bytes, after: bytes, new: bytes) -> bool:
+        """Our patch (``before`` -> ``after``) applies in reverse to ``new`` (no fuzz)."""
+        body = self.hunks(before, after)
+        if not body:
+            return False
+        work = self.root / f"apply-{self.n}"
+        self.n += 1
+        target = work / path
+        target.parent.mkdir(parents=True)
+        target.write_bytes(new)
+        patch = f"--- a/{path}\n+++ b/{path}\n{body}"
+        out = run(
+            "git", "apply", "-R", "--check", "-", cwd=work, env=git_env(), check=False,
+            input=patch,
+        )  # fmt: skip
+        return out.returncode == 0
+
+    def renames(self, path: str, old: bytes, candidates: Files) -> list[list]:
+        """git's rename candidates for ``path`` among ``candidates`` ([[path, similarity]])."""
+        if not candidates:
+            return []
+        self.n += 1
+        a, b = self.root / f"ren-{self.n}" / "a", self.root / f"ren-{self.n}" / "b"
+        (a / path).parent.mkdir(parents=True)
+        (a / path).write_bytes(old)
+        for p, data in candidates.items():
+            if data is None:
+                continue
+            (b / p).parent.mkdir(parents=True, exist_ok=True)
+            (b / p).write_bytes(data)
+        if not b.exists():
+            return []
+        out = _git_bytes(
+            "diff", "--no-index", "-M", "-l0", "--name-status", "-z", "--diff-filter=R",
+            "a", "b", cwd=a.parent,
+        )  # fmt: skip
+        parts = [p for p in out.stdout.decode(errors="surrogateescape").split("\0") if p]
+        found = []
+        for i in range(0, len(parts) - 2, 3):
+            status, _src, dst = parts[i : i + 3]
+            found.append([dst.removeprefix("b/"), int(status[1:] or 0)])
+        return sorted(found, key=lambda x: -x[1])
+
+
+@dataclass(frozen=True)
+class _Out:
+    returncode: int
+    stdout: bytes
+    stderr: str
+
+
+def _git_bytes(*args: str, cwd: Path | None = None) -> _Out:
+    """git with bytes output (merge results and diffs are compared byte for byte)."""
+    import subprocess
+
+    proc = subprocess.run(
+        ["git", "-c", "core.quotepath=off", *args],
+        cwd=cwd,
+        env=git_env(),
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+    )
+    return _Out(proc.returncode, proc.stdout, proc.stderr.decode(errors="replace"))
+
+
+def conflict_regions(merged: bytes) -> str:
+    """The conflicted regions of a diff3 merge result, each with a little context."""
+    lines = merged.decode(errors="replace").splitlines(keepends=True)
+    keep: set[int] = set()
+    start = None
+    for i, line in enumerate(lines):
+        if line.startswith("<<<<<<< "):
+            start = i
+        elif line.startswith(">>>>>>> ") and start is not None:
+            keep.update(range(max(0, start - CONTEXT), min(len(lines), i + 1 + CONTEXT)))
+            start = None
+    out: list[str] = []
+    prev = -2
+    for i in sorted(keep):
+        if i != prev + 1 and out:
+            out.append("...\n")
+        out.append(f"{i + 1:5d}  {lines[i]}")
+        prev = i
+    return "".join(out)
+
+
+def classify_release(
+    steps: list[Step],
+    *,
+    name: str,
+    old_version: str,
+    version: str,
+    new_files: Files,
+    old_names: frozenset[str],
+    new_names: frozenset[str],
+    read_new: Callable[[list[str]], Files],
+) -> list[Outcome]:
+    """Every change of the series on ``version`` (``new_files``: its touched files)."""
+    state: dict[str, bytes | None] = dict(new_files)
+    stopped: dict[str, str] = {}  # path -> the stopped change that leaves it unresolved
+    labels = (f"{name} {version}", f"{name} {old_version}", "our change")
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-outlook-") as tmp:
+        scratch = Scratch(Path(tmp))
+        out = []
+        for step in steps:
+            o = _classify(step, scratch, state, name, version, labels, old_names, new_names,
+                          read_new)  # fmt: skip
+            waits = sorted({stopped[p] for p in step.change.files if p in stopped})
+            if waits:
+                o.notes.append(
+                    "assumes upstream's file where " + ", ".join(waits) + " stopped (its "
+                    "resolution may change this)"
+                )
+            if o.state in (KEPT, REFRESHED):
+                state.update(o.merged)
+            elif o.state not in CLEAN:
+                for p in step.change.files:
+                    stopped.setdefault(p, step.change.id)
+            out.append(o)
+        return out
+
+
+def _classify(
+    step: Step, scratch: Scratch, state: dict[str, bytes | None], name: str, version: str,
+    labels: tuple[str, str, str], old_names: frozenset[str], new_names: frozenset[str],
+    read_new: Callable[[list[str]], Files],
+) -> Outcome:  # fmt: skip
+    change = step.change
+    where = f"{name} {version}"
+    if change.dropped_by(name, version):
+        return Outcome(change.id, DROPPED, f"drop_when {change.drop_when} holds for {where}")
+    how = _contained(step, scratch, state)
+    if how:
+        return Outcome(change.id, DROPPED, f"{where} already has it: " + "; ".join(how))
+    problems: dict[str, str] = {}
+    o = Outcome(change.id, KEPT)
+    for path in change.files:
+        before, after, new = step.before.get(path), step.after.get(path), state.get(path)
+        if before is not None and new is None:
+            cands = _rename_candidates(path, before, scratch, old_names, new_names, read_new)
+            o.candidates[path] = cands
+            if cands:
+                shown = ", ".join(f"{p} ({s}% similar)" for p, s in cands)
+                problems[path] = f"{MOVED}: {where} renamed it: git's candidates: {shown}"
+            else:
+                problems[path] = f"{MOVED}: {where} deleted it (git finds no rename candidate)"
+        elif before is None and new is not None:
+            same = "an identical file" if new == after else "its own, different file"
+            problems[path] = f"{COLLISION}: the change adds it, and {where} now has {same}"
+    for path in change.files:
+        if path in problems:
+            continue
+        before, after, new = step.before.get(path), step.after.get(path), state.get(path)
+        if before is None:  # a file we add, absent upstream: ours as it is
+            o.merged[path] = after
+            continue
+        if after is None:  # a file we delete
+            if new == before:
+                o.merged[path] = None
+            else:
+                problems[path] = f"{CONFLICT}: we delete it and {where} changed it"
+            continue
+        assert new is not None
+        merged, conflicts = scratch.merge(new, before, after, labels)
+        if conflicts:
+            o.hunks[path] = conflict_regions(merged)
+            problems[path] = (
+                f"{CONFLICT}: {where} and our change edit the same lines "
+                f"({conflicts} conflict{'s' if conflicts != 1 else ''})"
+            )
+        else:
+            o.merged[path] = merged
+    if problems:
+        kinds = {v.split(":", 1)[0] for v in problems.values()}
+        o.state = MOVED if MOVED in kinds else COLLISION if COLLISION in kinds else CONFLICT
+        o.files = sorted(problems)
+        o.reason = "; ".join(f"{p}: {problems[p].split(': ', 1)[1]}" for p in o.files)
+        o.merged = {}
+        return o
+    if all(o.merged[p] == state.get(p) for p in change.files):
+        return Outcome(change.id, DROPPED, f"the three-way merge onto {where} changes nothing: "
+                       "upstream already has it")  # fmt: skip
+    same = []
+    for path in change.files:
+        before, after = step.before.get(path), step.after.get(path)
+        new, merged = state.get(path), o.merged[path]
+        if before is None or after is None or merged is None or new is None:
+            same.append(merged == after)
+            continue
+        if merged == new:
+            o.notes.append(f"no longer touches {path}")
+            same.append(False)
+            continue
+        same.append(scratch.hunks(before, after) == scratch.hunks(new, merged))
+    if all(same):
+        o.reason = "merges unchanged: the exported patch is byte-identical"
+    else:
+        o.state = REFRESHED
+        changed = [p for p, s in zip(change.files, same, strict=True) if not s]
+        o.reason = "merges cleanly with new context in " + ", ".join(changed)
+    return o
+
+
+def _contained(step: Step, scratch: Scratch, state: dict[str, bytes | None]) -> list[str] | None:
+    """How the release already holds the change (None: it does not). Test files the change
+    adds and lists in its tests are not required (upstream seldom takes our tests as they
+    are; they run against the release as the proof)."""
+    change = step.change
+    own_tests = {t.partition("::")[0] for t in change.tests}
+    how = []
+    for path in change.files:
+        before, ours, new = step.before.get(path), step.after.get(path), state.get(path)
+        if before is None and path in own_tests and new != ours:
+            continue
+        if new is None or ours is None:
+            return None
+        if before is None:
+            if new != ours:
+                return None
+            how.append(f"upstream's {path} is identical to ours")
+        elif scratch.reverse_applies(path, before, ours, new):
+            how.append(f"our patch of {path} applies in reverse")
+        else:
+            merged, conflicts = scratch.merge(new, before, ours, ("new", "old", "ours"))
+            if conflicts or merged != new:
+                return None
+            how.append(f"the three-way merge of our {path} leaves upstream's unchanged")
+    return how or None
+
+
+def _rename_candidates(
+    path: str, old: bytes, scratch: Scratch, old_names: frozenset[str],
+    new_names: frozenset[str], read_new: Callable[[list[str]], Files],
+) -> list[list]:  # fmt: skip
+    suffix = os.path.splitext(path)[1]
+    added = sorted(p for p in new_names - old_names if os.path.splitext(p)[1] == suffix)
+    if not added:
+        return []
+    return scratch.renames(path, old, read_new(added))

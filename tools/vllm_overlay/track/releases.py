@@ -1,0 +1,192 @@
+"""The releases newer than the pin, as the package index lists them.
+
+Every final release newer than the pinned one is a column of the outlook. A release the index
+lists without an sdist, or whose sdist is yanked, cannot be a target (the tool builds from the
+sdist): it is kept as a column with a note saying why, or refused when asked for by name.
+Downloading an sdist checks its sha256 against the index's and refuses a mismatch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from vllm_overlay.errors import IntegrityError, UsageError
+from vllm_overlay.index.auth import redact
+from vllm_overlay.index.client import (
+    IndexFile,
+    configured_index_urls,
+    list_files,
+    release_of,
+)
+from vllm_overlay.pin.artifacts import cached_path, download_to, verify_file
+from vllm_overlay.pin.lockfile import Artifact
+from vllm_overlay.util import cache_dir, exclusive_lock, info
+
+
+class ReleaseError(UsageError):
+    """A release that cannot be a target (no sdist, yanked, not on the index)."""
+
+
+@dataclass
+class Release:
+    """One release of upstream on the index."""
+
+    version: str
+    sdist: IndexFile | None = None
+    yanked: bool = False
+    wheels: list[IndexFile] = field(default_factory=list)
+
+    @property
+    def usable(self) -> bool:
+        return self.sdist is not None and not self.yanked
+
+    @property
+    def why_not(self) -> str:
+        """Why the release cannot be a target ('' when it can)."""
+        if self.sdist is None:
+            return "the index lists no sdist for it (the tool builds from the release sdist)"
+        if self.yanked:
+            return "its sdist is yanked on the index"
+        return ""
+
+    def artifact(self) -> Artifact:
+        assert self.sdist is not None
+        if not self.sdist.sha256:
+            raise IntegrityError(
+                f"the index publishes no sha256 for {self.sdist.filename}; the outlook reads only "
+                "sdists it can verify. Use an index that publishes hashes (PEP 503/691)."
+            )
+        return Artifact("sdist", self.sdist.filename, self.sdist.sha256, self.sdist.size or 0)
+
+
+def _final(v: str) -> Version | None:
+    try:
+        parsed = Version(v)
+    except InvalidVersion:
+        return None
+    return None if parsed.is_prerelease or parsed.is_devrelease else parsed
+
+
+def list_releases(name: str, index_url: str | None) -> dict[str, Release]:
+    """Every final release of ``name`` the index lists, by version (first index wins)."""
+    out: dict[str, Release] = {}
+    for url in configured_index_urls(index_url):
+        seen: dict[str, Release] = {}
+        for f in list_files(name, url):
+            found = release_of(f.filename, name)
+            v = found[1] if found else None
+            if v is None or _final(v) is None or v in out:
+                continue
+            rel = seen.setdefault(v, Release(v))
+            if f.filename.endswith(".tar.gz"):
+                rel.sdist = f
+                rel.yanked = f.yanked
+            else:
+                rel.wheels.append(f)
+        out.update(seen)
+    return out
+
+
+def newer_releases(
+    name: str,
+    pinned: str,
+    index_url: str | None,
+    *,
+    to: str | None = None,
+    only: list[str] | None = None,
+) -> tuple[list[Release], list[str]]:
+    """(the releases to look at, oldest first; notes on the ones skipped).
+
+    Default: every final release newer than ``pinned``. ``to``: those up to it (it must be a
+    usable release). ``only``: exactly these (each must be usable).
+    """
+    releases = list_releases(name, index_url)
+    where = ", ".join(redact(u) for u in configured_index_urls(index_url))
+    asked = list(only or []) + ([to] if to else [])
+    for v in asked:
+        if _final(v) is None and v not in releases:
+            raise UsageError(f"{v!r} is not a final release version (like 0.25.0).")
+        rel = releases.get(v)
+        if rel is None:
+            raise ReleaseError(
+                f"{name} {v} is not on the package index ({where}). Check the version; "
+                "`vllm-overlay outlook` without it lists every newer release."
+            )
+        if not rel.usable:
+            raise ReleaseError(
+                f"{name} {v} cannot be a target: {rel.why_not}. Pick another release."
+            )
+    pin = Version(pinned)
+    if only:
+        chosen = [releases[v] for v in only]
+    else:
+        limit = Version(to) if to else None
+        chosen = [
+            r
+            for r in releases.values()
+            if Version(r.version) > pin and (limit is None or Version(r.version) <= limit)
+        ]
+    chosen.sort(key=lambda r: Version(r.version))
+    notes = [f"{name} {r.version} skipped: {r.why_not}" for r in chosen if not r.usable]
+    return [r for r in chosen if r.usable], notes
+
+
+def newest_release(name: str, index_url: str | None) -> tuple[Release, list[str]]:
+    """The newest usable final release, and notes on newer ones that are not usable."""
+    releases = sorted(list_releases(name, index_url).values(), key=lambda r: Version(r.version))
+    notes: list[str] = []
+    for rel in reversed(releases):
+        if rel.usable:
+            return rel, notes
+        notes.append(f"{name} {rel.version} skipped: {rel.why_not}")
+    where = ", ".join(redact(u) for u in configured_index_urls(index_url))
+    raise ReleaseError(f"the package index ({where}) lists no usable final release of {name}.")
+
+
+def ensure_sdist(rel: Release, name: str) -> Path:
+    """The release's sdist in the artifact cache, downloaded once and checked against the
+    sha256 the index publishes (a mismatch is refused, nothing is cached)."""
+    art = rel.artifact()
+    root = cache_dir()
+    dest = cached_path(art, root)
+    if dest.is_file():
+        return dest
+    assert rel.sdist is not None
+    with exclusive_lock(
+        root / "locks" / f"{art.sha256}.lock", f"the cache entry for {art.filename}"
+    ):
+        if dest.is_file():
+            return dest
+        tmpdir = root / "tmp"
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{art.filename}.", suffix=".part", dir=tmpdir)
+        os.close(fd)
+        try:
+            download_to(rel.sdist.url, Path(tmp), rel.sdist.size, art.filename)
+            try:
+                verify_file(Path(tmp), art if art.size else _sized(art, Path(tmp)))
+            except IntegrityError as e:
+                raise IntegrityError(
+                    f"{name} {rel.version}: the sdist downloaded from the index does not match "
+                    f"the sha256 the index publishes for it ({e}). Nothing was cached. The index "
+                    "serves a different file than it describes: investigate, or use another "
+                    "index (--index-url)."
+                ) from None
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    info(f"cached {art.filename} (sha256 {art.sha256[:12]}…)")
+    return dest
+
+
+def _sized(art: Artifact, path: Path) -> Artifact:
+    return Artifact(art.kind, art.filename, art.sha256, path.stat().st_size)

@@ -1,0 +1,213 @@
+"""The outlook for people: a terminal matrix (rows: changes, columns: releases) and a
+self-contained HTML page with the same matrix, each cell linking to its details."""
+
+from __future__ import annotations
+
+import html
+
+from vllm_overlay.track import classify
+
+SHORT = {
+    classify.KEPT: "kept",
+    classify.REFRESHED: "refresh",
+    classify.DROPPED: "dropped",
+    classify.CONFLICT: "CONFLICT",
+    classify.MOVED: "MOVED",
+    classify.COLLISION: "COLLIDE",
+}
+COLOUR = {
+    classify.KEPT: "32",  # green
+    classify.REFRESHED: "36",  # cyan
+    classify.DROPPED: "34",  # blue
+    classify.CONFLICT: "31;1",  # bold red
+    classify.MOVED: "35;1",  # bold magenta
+    classify.COLLISION: "33;1",  # bold yellow
+}
+LEGEND = {
+    classify.KEPT: "applies unchanged (the exported patch is byte-identical)",
+    classify.REFRESHED: "merges cleanly, the patch gets new context",
+    classify.DROPPED: "upstream has it (or drop_when holds): the rebase drops it, with proof",
+    classify.CONFLICT: "the three-way merge leaves conflict markers: a person resolves them",
+    classify.MOVED: "a file it patches was renamed or deleted upstream",
+    classify.COLLISION: "a file it adds now exists upstream, different from ours",
+}
+
+
+def _test_mark(col: dict, cid: str) -> str:
+    t = (col.get("tests") or {}).get(cid)
+    if not t or not t.get("ran"):
+        return ""
+    return " ok" if t["ok"] else " FAIL"
+
+
+def terminal(data: dict, *, colour: bool = False) -> str:
+    """The matrix, the legend, the reasons behind every stop, and the safe target."""
+    cols = data["releases"]
+    ids = [c["id"] for c in data["changes"]]
+    tests = any(c.get("tests") for c in cols)
+    cell_w = max([len(c["version"]) for c in cols] + [len(s) for s in SHORT.values()]) + (
+        5 if tests else 0
+    )
+    id_w = max([len(i) for i in ids] + [len("change")])
+    lines = [f"outlook: {data['name']} {data['pin']} (pinned) -> {len(cols)} newer release(s)"]
+    if not cols:
+        lines.append("no newer final release on the index.")
+    else:
+        lines.append(
+            "  ".join([f"{'change':<{id_w}}", *(f"{c['version']:<{cell_w}}" for c in cols)])
+        )
+        for cid in ids:
+            cells = []
+            for col in cols:
+                o = next(x for x in col["outcomes"] if x["id"] == cid)
+                text = f"{SHORT[o['state']] + _test_mark(col, cid):<{cell_w}}"
+                if colour:
+                    text = f"\x1b[{COLOUR[o['state']]}m{text}\x1b[0m"
+                cells.append(text)
+            lines.append("  ".join([f"{cid:<{id_w}}", *cells]))
+        lines.append("")
+        lines.append("legend:")
+        for state, text in LEGEND.items():
+            lines.append(f"  {SHORT[state]:<9} {text}")
+        if tests:
+            lines.append(
+                "  ok/FAIL   the change's tests on that release (patched tree; pristine if dropped)"
+            )
+        reasons = _reasons(data)
+        if reasons:
+            lines.append("")
+            lines.append("why:")
+            lines += reasons
+    for note in data.get("skipped", []):
+        lines.append(f"note: {note}")
+    lines.append("")
+    safe = data["safe_target"]
+    if safe:
+        lines.append(
+            f"safe target: {data['name']} {safe} (the newest release every change reaches cleanly)"
+        )
+    elif cols:
+        lines.append("safe target: none (every newer release needs a person)")
+    return "\n".join(lines)
+
+
+def _reasons(data: dict) -> list[str]:
+    """One line per (change, reason), with the releases it holds for."""
+    out = []
+    for ch in data["changes"]:
+        groups: dict[str, list[str]] = {}
+        for col in data["releases"]:
+            o = next(x for x in col["outcomes"] if x["id"] == ch["id"])
+            if o["state"] == classify.KEPT:
+                continue
+            generic = o["reason"].replace(f"{data['name']} {col['version']}", f"{data['name']} V")
+            why = f"{o['state']}: {generic}"
+            groups.setdefault(why, []).append(col["version"])
+            t = (col.get("tests") or {}).get(ch["id"])
+            if t and t.get("ran") and not t["ok"]:
+                groups.setdefault(f"tests FAIL on {t['on']}: {t['summary']}", []).append(
+                    col["version"]
+                )
+        for why, versions in groups.items():
+            out.append(f"  {ch['id']} [{_span(versions)}]: {why}")
+    return out
+
+
+def _span(versions: list[str]) -> str:
+    return (
+        versions[0] if len(versions) == 1 else f"{versions[0]} .. {versions[-1]} ({len(versions)})"
+    )
+
+
+def cell_anchor(cid: str, version: str) -> str:
+    return f"cell-{cid}-{version}".replace(".", "_")
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table.matrix{border-collapse:collapse}
+.matrix th,.matrix td{border:1px solid #ccc;padding:.35em .6em;text-align:center}
+.matrix th.change{text-align:left}
+td.kept{background:#d7f5dc}td.refreshed{background:#d4f1f4}td.dropped{background:#dde6fb}
+td.conflict{background:#f9c9c9;font-weight:bold}td.moved{background:#efd0f5;font-weight:bold}
+td.collision{background:#fbe8b5;font-weight:bold}
+td a{color:inherit;text-decoration:none;display:block}
+.t-ok{color:#11772b}.t-fail{color:#b00020;font-weight:bold}
+th.clean{background:#d7f5dc}th.safe{outline:3px solid #11772b}
+pre{background:#f6f6f6;padding:.6em;overflow:auto;max-height:30em}
+section.cell{border-top:1px solid #ddd;margin-top:1em}
+"""
+
+
+def page(data: dict) -> str:
+    """A self-contained HTML page: the matrix, the legend, and every cell's details."""
+    e = html.escape
+    cols = data["releases"]
+    safe = data["safe_target"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(data['name'])} outlook from {e(data['pin'])}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{e(data['name'])} {e(data['pin'])}: outlook over {len(cols)} newer release(s)</h1>",
+        f'<p id="safe-target">safe target: <b>{e(safe) if safe else "none"}</b> '
+        "(the newest release every change reaches cleanly)</p>",
+        '<table class="matrix" id="matrix"><thead><tr><th class="change">change</th>',
+    ]
+    for col in cols:
+        cls = " ".join(
+            x
+            for x in ("clean" if col["clean"] else "", "safe" if col["version"] == safe else "")
+            if x
+        )
+        out.append(f'<th class="{cls}" data-version="{e(col["version"])}">{e(col["version"])}</th>')
+    out.append("</tr></thead><tbody>")
+    for ch in data["changes"]:
+        out.append(f'<tr><th class="change" title="{e(ch["title"])}">{e(ch["id"])}</th>')
+        for col in cols:
+            o = next(x for x in col["outcomes"] if x["id"] == ch["id"])
+            t = (col.get("tests") or {}).get(ch["id"])
+            mark = ""
+            if t and t.get("ran"):
+                mark = (' <span class="t-ok">tests ok</span>' if t["ok"]
+                        else ' <span class="t-fail">tests FAIL</span>')  # fmt: skip
+            out.append(
+                f'<td class="{o["state"]}" data-state="{o["state"]}" data-change="{e(ch["id"])}" '
+                f'data-version="{e(col["version"])}"><a href="#{cell_anchor(ch["id"], col["version"])}">'
+                f"{e(o['state'])}{mark}</a></td>"
+            )
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    out.append("<h2>Legend</h2><dl>")
+    for state, text in LEGEND.items():
+        out.append(f"<dt>{state}</dt><dd>{e(text)}</dd>")
+    out.append("</dl>")
+    if data.get("skipped"):
+        out.append("<h2>Skipped releases</h2><ul>")
+        out += [f"<li>{e(n)}</li>" for n in data["skipped"]]
+        out.append("</ul>")
+    out.append("<h2>Details</h2>")
+    for ch in data["changes"]:
+        for col in cols:
+            o = next(x for x in col["outcomes"] if x["id"] == ch["id"])
+            out.append(
+                f'<section class="cell" id="{cell_anchor(ch["id"], col["version"])}">'
+                f"<h3>{e(ch['id'])} on {e(data['name'])} {e(col['version'])}: {e(o['state'])}</h3>"
+                f"<p>{e(o['reason'])}</p>"
+            )
+            for note in o.get("notes", []):
+                out.append(f"<p><i>{e(note)}</i></p>")
+            for path, hunk in o.get("hunks", {}).items():
+                out.append(f"<h4>conflict in {e(path)}</h4><pre>{e(hunk)}</pre>")
+            t = (col.get("tests") or {}).get(ch["id"])
+            if t:
+                if t.get("ran"):
+                    out.append(
+                        f"<h4>tests on {e(t['on'])}: {'ok' if t['ok'] else 'FAIL'} "
+                        f"({e(t['counts'])})</h4><pre>{e(t.get('log_tail', ''))}</pre>"
+                    )
+                else:
+                    out.append(f"<p>tests: {e(t['why'])}</p>")
+            out.append('<p><a href="#matrix">back to the matrix</a></p></section>')
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

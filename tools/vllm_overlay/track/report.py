@@ -1,0 +1,127 @@
+"""track-report.md (a pull-request body) and track-report.json, written by rename."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vllm_overlay.util import atomic_write_text
+
+MD, JSON = "track-report.md", "track-report.json"
+
+
+def write(rep: dict, report_dir: Path) -> None:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(report_dir / JSON, json.dumps(rep, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(report_dir / MD, markdown(rep))
+    rep["report"] = {"md": str(report_dir / MD), "json": str(report_dir / JSON)}
+
+
+def markdown(rep: dict) -> str:
+    name, old, new = rep["name"], rep["from"], rep["to"]
+    status = rep["status"]
+    out = [f"# Track {name}: {old} → {new}", ""]
+    if status == "up-to-date":
+        out += [
+            f"upstream.lock already pins {name} {old}, the newest usable release. Nothing to do."
+        ]
+        out += [f"- note: {n}" for n in rep.get("notes", [])]
+        return "\n".join(out) + "\n"
+    verdict = {
+        "ready": "**Ready for review**: the rebase completed; the branch carries the new "
+        "upstream.lock and overlay/.",
+        "needs-person": "**Needs a person**: the rebase did not complete on its own (see below).",
+    }[status]
+    out += [verdict, ""]
+    out += [f"- branch: `{rep['branch']}` (from {str(rep.get('base_commit', ''))[:12]})"]
+    r = rep.get("rebase") or {}
+    to = r.get("to") or {}
+    if to:
+        commit = to.get("commit") or f"{to.get('sdist_commit')} (abbreviated, unverified)"
+        out.append(f"- pin: {name} {old} → {new} (tag `{to.get('tag')}`, commit `{commit}`)")
+        for a in to.get("artifacts", []):
+            if a["kind"] == "sdist":
+                out.append(f"- sdist: `{a['filename']}` sha256 `{a['sha256']}`")
+    for n in rep.get("notes", []):
+        out.append(f"- note: {n}")
+    for p in rep.get("uncommitted", []):
+        out.append(f"- note: `{p}` had uncommitted edits in the project; this run used HEAD")
+    out.append("")
+    if r.get("status") == "failed":
+        out += ["## The rebase failed", "", "```", r["error"], "```", ""]
+    if r.get("changes"):
+        out += ["## Changes", "", "| change | outcome | why |", "|---|---|---|"]
+        for c in r["changes"]:
+            why = c.get("reason") or ""
+            extra = []
+            if c.get("renamed"):
+                extra.append("moved " + ", ".join(f"{a} → {b}" for a, b in c["renamed"].items()))
+            run_ = c.get("test_run") or {}
+            if c["status"] == "tests-failed":
+                extra.append(f"its tests without it: {run_.get('summary', '')}")
+                if run_.get("first_error"):
+                    extra.append(f"first error: `{run_['first_error']}`")
+            if c.get("problems"):
+                extra += [f"{p['path']}: {p['kind']}: {p['detail']}" for p in c["problems"]]
+            cell = "; ".join(x for x in [why, *extra] if x).replace("|", "\\|")
+            out.append(f"| `{c['id']}` | {c['status']} | {cell} |")
+        out.append("")
+    dropped = [c for c in r.get("changes", []) if c["status"] == "dropped"]
+    if dropped:
+        out += ["## Dropped changes and their proof", ""]
+        for c in dropped:
+            out.append(f"- `{c['id']}`: {c['reason']}")
+            out.append(f"  - proof: {c['proof']}")
+        out.append("")
+    if "suite" in rep:
+        s = rep["suite"]
+        out += ["## vLLM's kv_connector suite on the rebased tree", ""]
+        if "error" in s:
+            out += ["The suite could not run:", "", "```", s["error"], "```", ""]
+        else:
+            out += [("No regression against pristine upstream." if s["ok"] else
+                     "**Regressions** against pristine upstream:"), "", "```",
+                    s["text"].rstrip(), "```", ""]  # fmt: skip
+    elif status == "ready":
+        out += ["The kv_connector suite was not run (`vllm-overlay track --suite` runs it).", ""]
+    out += ["## What a person must do", ""]
+    if status == "ready":
+        out += [
+            "1. Review the diff of `upstream.lock` and `overlay/` on this branch, and each "
+            "dropped change's proof above.",
+            "2. Merge. CI builds the wheel from the new pin.",
+        ]
+        if to and not to.get("commit"):
+            out.append(
+                f"3. The new pin's commit is unverified; where the git host is reachable run "
+                f"`vllm-overlay lock --version {new} --commit SHA` to record it."
+            )
+    elif r.get("status") == "failed":
+        out += [
+            "The rebase stopped on an error, not on a change: fix its cause (above), then run "
+            f"`vllm-overlay track --to {new}` again (it starts clean).",
+        ]
+    else:
+        stop = r.get("stopped_at") or {}
+        for path, hunk in (rep.get("hunks") or {}).items():
+            out += [f"### Conflict in `{path}`", "", "```diff", hunk.rstrip(), "```", ""]
+        for step in stop.get("next_steps", []):
+            out.append(f"- {step}")
+        out += [
+            "",
+            "To resume on your machine (the run's copy is a git worktree; your checkout and "
+            "branch stay as they are):",
+            "",
+            "```sh",
+            f"git fetch origin && git checkout {str(rep.get('base_commit', 'main'))[:12]}",
+            f"vllm-overlay track --to {new}        # remakes .work/track/vllm-{new} and stops "
+            "at the same place",
+            f"cd .work/track/vllm-{new}",
+            "# resolve in .work/vllm (inside the copy), then:",
+            "vllm-overlay rebase --continue",
+            "git add upstream.lock overlay && git commit -m "
+            f"'Track {name} {new}: rebase the overlay from {old}'",
+            f"git push -u origin HEAD:{rep['branch']}",
+            "```",
+        ]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,196 @@
+"""The tracking run: prepare the move to the newest release for review, in a copy.
+
+1. The target: the newest usable final release on the index (or ``--to``); if the pin is
+   already there, nothing to do.
+2. A copy of the project: a git worktree of the project's repository on branch
+   ``track/vllm-<version>`` at ``.work/track/vllm-<version>`` (made from HEAD; never the
+   person's checkout or branch). A leftover of an interrupted run is removed first, so every
+   run starts clean.
+3. ``rebase`` in the copy, with proofs for dropped changes; optionally vLLM's suite on the
+   rebased tree. When it completes, the rebased upstream.lock and overlay/ are committed on
+   the branch.
+4. ``track-report.md`` (a pull-request body) and ``track-report.json``.
+
+One tracking run per project at a time (a lock under ``.work/``); a second one is refused
+with a message saying so.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_overlay import rebase
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.gitrepo import git, rev_parse
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.track import report as track_report
+from vllm_overlay.track.classify import conflict_regions
+from vllm_overlay.track.releases import newer_releases, newest_release
+from vllm_overlay.util import exclusive_lock, info
+
+UP_TO_DATE, READY, NEEDS_PERSON = "up-to-date", "ready", "needs-person"
+EXIT = {UP_TO_DATE: 0, READY: 0, NEEDS_PERSON: 1}
+
+
+class TrackError(OverlayError):
+    """The tracking run could not start (the project is not in git, …)."""
+
+
+@dataclass(frozen=True)
+class Copy:
+    repo_root: Path  # the project's git work tree (the person's)
+    worktree: Path  # the copy
+    branch: str
+    project: Project  # the project inside the copy
+
+
+def _repo_root(project: Project) -> Path:
+    out = git("rev-parse", "--show-toplevel", cwd=project.root, check=False)
+    if out.returncode != 0 or rev_parse(project.root, "HEAD") is None:
+        raise TrackError(
+            f"{project.root} is not in a git repository with a commit. `vllm-overlay track` "
+            "rebases a copy of the project made with `git worktree` from HEAD: commit the "
+            "project first."
+        )
+    return Path(out.stdout.strip())
+
+
+def _make_copy(project: Project, version: str) -> Copy:
+    root = _repo_root(project)
+    branch = f"track/vllm-{version}"
+    worktree = project.work_dir / "track" / f"vllm-{version}"
+    _remove_copy(root, worktree)
+    if rev_parse(root, "refs/heads/track"):
+        raise TrackError(
+            f"the branch `track` exists in {root}, so git cannot create {branch} (a branch "
+            "cannot also be a folder of branches). Rename it (`git branch -m track OTHER`) "
+            "and run this again."
+        )
+    worktree.parent.mkdir(parents=True, exist_ok=True)
+    git("worktree", "add", "-q", "-f", "-B", branch, str(worktree), "HEAD", cwd=root)
+    rel = project.root.resolve().relative_to(root.resolve())
+    return Copy(root, worktree, branch, Project(worktree / rel))
+
+
+def _remove_copy(root: Path, worktree: Path) -> None:
+    """Remove a leftover copy (an interrupted run) so the run starts clean."""
+    if worktree.exists():
+        git("worktree", "remove", "--force", "--force", str(worktree), cwd=root, check=False)
+        shutil.rmtree(worktree, ignore_errors=True)
+    git("worktree", "prune", cwd=root, check=False)
+
+
+def _uncommitted(project: Project, root: Path) -> list[str]:
+    out = git("status", "--porcelain=v1", "--", str(project.lock_path), str(project.overlay_dir),
+              cwd=root)  # fmt: skip
+    return [line[3:] for line in out.stdout.splitlines() if line.strip()]
+
+
+def track(
+    project: Project,
+    *,
+    to: str | None = None,
+    index_url: str | None = None,
+    suite: bool = False,
+    test_python: str | None = None,
+    report_dir: Path | None = None,
+) -> dict:
+    """Run the tracking job; returns the report (also written as md + json)."""
+    report_dir = report_dir or project.work_dir / "track"
+    # A second tracking run does not queue behind the first (minutes of rebase and tests):
+    # it fails at once, and the scheduler's next run starts clean.
+    with exclusive_lock(
+        project.work_dir / "track.lock", f"the tracking run of {project.root}", timeout=0
+    ):
+        lock = project.lock()
+        name, pinned = lock.upstream.name, lock.upstream.version
+        if to:
+            rel = newer_releases(name, pinned, index_url, only=[to])[0][0]
+            notes: list[str] = []
+        else:
+            rel, notes = newest_release(name, index_url)
+        rep: dict = {
+            "from": pinned,
+            "to": rel.version,
+            "name": name,
+            "notes": notes,
+        }
+        if rel.version == pinned:
+            rep.update(status=UP_TO_DATE, message=f"upstream.lock already pins {name} {pinned}.")
+            track_report.write(rep, report_dir)
+            return rep
+        copy = _make_copy(project, rel.version)
+        rep.update(
+            branch=copy.branch,
+            worktree=str(copy.worktree),
+            base_commit=rev_parse(copy.worktree, "HEAD"),
+            uncommitted=_uncommitted(project, copy.repo_root),
+        )
+        info(f"tracking {name} {pinned} -> {rel.version} in {copy.worktree} ({copy.branch})")
+        checkout = copy.project.default_checkout
+        try:
+            result = rebase.start(
+                copy.project, rel.version, index_url=index_url, checkout=checkout,
+                test_python=test_python,
+            )  # fmt: skip
+        except OverlayError as e:
+            rep.update(status=NEEDS_PERSON, rebase={"status": "failed", "error": str(e)})
+            track_report.write(rep, report_dir)
+            return rep
+        rep["rebase"] = result
+        if result["status"] != "complete":
+            rep["status"] = NEEDS_PERSON
+            rep["hunks"] = _hunks(checkout, result)
+            track_report.write(rep, report_dir)
+            return rep
+        if suite:
+            rep["suite"] = _suite(copy.project, index_url)
+        git("add", "-A", "--", str(copy.project.lock_path), str(copy.project.overlay_dir),
+            cwd=copy.worktree)  # fmt: skip
+        git("commit", "-q", "--no-verify", "-m", _message(rep), cwd=copy.worktree)
+        rep["commit"] = rev_parse(copy.worktree, "HEAD")
+        suite_ok = rep.get("suite", {}).get("ok", True)
+        rep["status"] = READY if suite_ok else NEEDS_PERSON
+        track_report.write(rep, report_dir)
+        return rep
+
+
+def _hunks(checkout: Path, result: dict) -> dict[str, str]:
+    """The conflict regions left in the copy's checkout, per file."""
+    stop = result.get("stopped_at") or {}
+    out = {}
+    for p in stop.get("problems", []):
+        f = checkout / p["path"]
+        if f.is_file():
+            regions = conflict_regions(f.read_bytes())
+            if regions:
+                out[p["path"]] = regions
+    return out
+
+
+def _suite(project: Project, index_url: str | None) -> dict:
+    from vllm_overlay.testing import suite
+
+    info("running vLLM's kv_connector suite on the rebased tree (patched vs pristine)")
+    try:
+        req = suite.SuiteRequest(index_url=index_url)
+        outcome = suite.run_suite(project, req)
+    except OverlayError as e:
+        return {"ok": False, "error": str(e)}
+    return {"ok": outcome.comparison.ok, "text": outcome.text(), "json": outcome.json()}
+
+
+def _message(rep: dict) -> str:
+    r = rep["rebase"]
+    lines = [f"Track {rep['name']} {rep['to']}: rebase the overlay from {rep['from']}", ""]
+    for c in r["changes"]:
+        lines.append(
+            f"- {c['id']}: {c['status']}" + (f" ({c['reason']})" if c.get("reason") else "")
+        )
+    return "\n".join(lines) + "\n"
+
+
+def exit_code(rep: dict) -> int:
+    return EXIT[rep["status"]]
