@@ -19,6 +19,7 @@ indexing and the safetensors file the connector writes are the real code.
 """
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 
@@ -52,7 +53,6 @@ from vllm.model_executor.models.extract_hidden_states import (
     CacheOnlyAttentionLayer,
     basic_cache,
 )
-from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
@@ -64,6 +64,11 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
+
+try:  # vLLM >= 0.33.0 moved the grouping into kv_cache_planning
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
+except ImportError:  # vLLM <= 0.32
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
 
 _TREE = os.environ.get("VLLM_OVERLAY_TREE", "patched")
 if _TREE not in ("patched", "pristine"):
@@ -145,9 +150,14 @@ def _vllm_config(storage: Path, block_size: int = GLOBAL_BLOCK_SIZE) -> VllmConf
             "hf_config": {"eagle_aux_hidden_state_layer_ids": list(AUX_LAYER_IDS)}
         },
     )
+    cache_config = CacheConfig(block_size=block_size)
+    if "kv_cache_layout" in {f.name for f in dataclasses.fields(CacheConfig)}:
+        # vLLM >= 0.33.0 reads the resolved KV cache layout while grouping; the
+        # engine resolves it first. NHD (LBNHC), the layout this connector asks for.
+        cache_config.kv_cache_layout = "LBNHC"
     return VllmConfig(
         model_config=model_config,
-        cache_config=CacheConfig(block_size=block_size),
+        cache_config=cache_config,
         speculative_config=speculative_config,
         scheduler_config=SchedulerConfig(
             max_model_len=model_config.max_model_len,
@@ -242,11 +252,28 @@ def _worker(
     return _connector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
 
 
-def _hidden_states_buffer(block_size: int) -> torch.Tensor:
+# The hidden-states buffer's layout: up to vLLM 0.28 the backend declares
+# [num_blocks, block_size, num_heads, head_size] (get_kv_cache_shape); from
+# 0.29.0 the buffer is [num_blocks, num_heads, block_size, head_size].
+HEADS_BEFORE_SLOTS = not hasattr(CacheOnlyAttentionBackend, "get_kv_cache_shape")
+
+
+def _new_cache(
+    num_blocks: int, block_size: int, num_heads: int, head_size: int, dtype=DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer in this release's layout, view of it as [block, slot, head, dim])."""
+    if HEADS_BEFORE_SLOTS:
+        buffer = torch.zeros(num_blocks, num_heads, block_size, head_size, dtype=dtype)
+        return buffer, buffer.transpose(1, 2)
     shape = CacheOnlyAttentionBackend.get_kv_cache_shape(
-        NUM_BLOCKS, block_size, NUM_AUX, HIDDEN_SIZE
+        num_blocks, block_size, num_heads, head_size
     )
-    return torch.zeros(shape, dtype=DTYPE)
+    buffer = torch.zeros(shape, dtype=dtype)
+    return buffer, buffer
+
+
+def _hidden_states_buffer(block_size: int) -> torch.Tensor:
+    return _new_cache(NUM_BLOCKS, block_size, NUM_AUX, HIDDEN_SIZE)[0]
 
 
 # ---- _find_cache_kv_group_id -------------------------------------------------
@@ -288,9 +315,13 @@ def test_find_group_id_two_hidden_groups():
 
 @needs_fix
 def test_find_group_id_mla_verifier_absorbs_hidden_states(tmp_path):
-    """HiddenStateCacheSpec subclasses MLAAttentionSpec: vLLM groups an MLA +
-    sliding-window MLA verifier so that the hidden-states layer shares the MLA
-    group, and no group is identifiable as the hidden-states one."""
+    """HiddenStateCacheSpec subclasses MLAAttentionSpec: vLLM up to 0.28 groups
+    an MLA + sliding-window MLA verifier so that the hidden-states layer shares
+    the MLA group, and no group is identifiable as the hidden-states one.
+
+    vLLM 0.29.0 keeps hidden-state layers out of attention buckets; there the
+    same verifier gets a hidden-states group of its own, which the connector
+    must find (checked below instead)."""
     specs = {
         "model.layers.0.attn": MLAAttentionSpec(
             block_size=64, num_kv_heads=1, head_size=576, dtype=DTYPE
@@ -307,13 +338,24 @@ def test_find_group_id_mla_verifier_absorbs_hidden_states(tmp_path):
         ),
     }
     groups = get_kv_cache_groups(_vllm_config(tmp_path, block_size=64), specs)
-    # Precondition: the hidden-states layer was absorbed into a shared group.
     assert len(groups) > 1
-    assert not any(isinstance(g.kv_cache_spec, HiddenStateCacheSpec) for g in groups)
-    assert any(HIDDEN_LAYER in g.layer_names and len(g.layer_names) > 1 for g in groups)
+    hidden_groups = [
+        i
+        for i, g in enumerate(groups)
+        if isinstance(g.kv_cache_spec, HiddenStateCacheSpec)
+    ]
     config = KVCacheConfig(
         num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
     )
+    if hidden_groups:  # vLLM >= 0.29.0: the layer is never absorbed
+        assert len(hidden_groups) == 1
+        assert groups[hidden_groups[0]].layer_names == [HIDDEN_LAYER]
+        found = ExampleHiddenStatesConnector._find_cache_kv_group_id(config)
+        assert found == hidden_groups[0]
+        return
+    # Precondition: the hidden-states layer was absorbed into a shared group.
+    assert not any(isinstance(g.kv_cache_spec, HiddenStateCacheSpec) for g in groups)
+    assert any(HIDDEN_LAYER in g.layer_names and len(g.layer_names) > 1 for g in groups)
     with pytest.raises(ValueError, match="Could not uniquely identify") as e:
         ExampleHiddenStatesConnector._find_cache_kv_group_id(config)
     assert "MLA verifiers are unsupported" in str(e.value)
@@ -381,10 +423,10 @@ def test_register_kv_caches_accepts_matching_buffer(tmp_path, monkeypatch):
 
 @needs_fix
 def test_basic_cache_sends_padding_to_null_block():
-    kv_cache = torch.zeros(8, 4, 2, 3)
+    buffer, kv_cache = _new_cache(8, 4, 2, 3, dtype=torch.float32)
     slot_mapping = torch.tensor([9, 10, -1, 21, -1])  # blocks 2, 2, pad, 5, pad
     to_cache = torch.arange(1, 6, dtype=kv_cache.dtype)[:, None, None].expand(5, 2, 3)
-    basic_cache(to_cache, kv_cache, slot_mapping)
+    basic_cache(to_cache, buffer, slot_mapping)
 
     expected = torch.zeros_like(kv_cache)
     expected[2, 1] = 1
@@ -414,6 +456,8 @@ class _NoHostSync(TorchDispatchMode):
 
 def _syncing_basic_cache(to_cache, kv_cache, slot_mapping):
     """A negative control: drops padding with a data-dependent branch."""
+    if HEADS_BEFORE_SLOTS:
+        kv_cache = kv_cache.transpose(1, 2)
     block_size = kv_cache.shape[1]
     if (slot_mapping < 0).any():
         keep = slot_mapping >= 0
@@ -429,7 +473,7 @@ def _no_sync_checks(fn) -> list[str]:
 
     with _NoHostSync():
         try:
-            fn(to_cache, torch.zeros(4, 4, 2, 3), slot_mapping)
+            fn(to_cache, _new_cache(4, 4, 2, 3)[0], slot_mapping)
         except AssertionError:
             failed.append("dispatch")
 
@@ -438,7 +482,7 @@ def _no_sync_checks(fn) -> list[str]:
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, backend="eager", dynamic=False)
     try:
-        compiled(to_cache, torch.zeros(4, 4, 2, 3), slot_mapping)
+        compiled(to_cache, _new_cache(4, 4, 2, 3)[0], slot_mapping)
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError):
         failed.append("fullgraph")
     finally:
