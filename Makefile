@@ -25,6 +25,7 @@ help:
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
+	@echo "make test-releases  real rebases to 0.28.0, 0.31.0, 0.33.0 and track to 0.33.0 (not in CI)"
 	@echo "make outlook        every change against every newer vLLM release (the matrix)"
 	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
 	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"
@@ -52,6 +53,11 @@ test: lint check-overlay
 
 test-unit: $(STAMP)
 	$(VENV)/bin/python -m pytest -m 'not network' $(PYTEST_ARGS)
+
+# Real rebases to 0.28.0, 0.31.0 and 0.33.0, and track to 0.33.0: minutes each (a test
+# environment per release); not in CI. See the README.
+test-releases: $(STAMP)
+	$(VENV)/bin/python -m pytest --releases -m releases $(PYTEST_ARGS)
 
 test-upstream: $(STAMP)
 	$(VO) suite

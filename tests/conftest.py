@@ -22,6 +22,24 @@ pytest_plugins = ["fixtures_publish"]  # the publish fixtures (unit and real-whe
 REAL_HOME = os.environ.get("HOME", "/root")
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--releases",
+        action="store_true",
+        help="also run the tests marked `releases` (further real vLLM releases, each in a test "
+        "environment of its own): `make test-releases`",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--releases"):
+        return
+    skip = pytest.mark.skip(reason="a further real release: run `make test-releases`")
+    for item in items:
+        if item.get_closest_marker("releases"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory, monkeypatch, request):
     """No test reads or writes the real $HOME or cache; git runs without user config.
