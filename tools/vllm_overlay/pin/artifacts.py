@@ -18,7 +18,7 @@ from pathlib import Path
 
 from vllm_overlay.errors import DownloadError, IntegrityError
 from vllm_overlay.index.auth import redact
-from vllm_overlay.index.client import IndexClient, configured_index_urls
+from vllm_overlay.index.client import IndexClient, IndexFile, configured_index_urls
 from vllm_overlay.pin.lockfile import Artifact
 from vllm_overlay.util import cache_dir, exclusive_lock, info, sha256_file
 
@@ -112,14 +112,20 @@ def ensure_artifact(
     project: str = "vllm",
     index_url: str | None = None,
     verify_cached: bool = True,
+    entry: IndexFile | None = None,
+    mismatch: str = "",
 ) -> Path:
-    """The verified cached file for ``a``; downloads it through the index only if missing."""
+    """The verified cached file for ``a``; downloads it through the index only if missing.
+
+    ``entry`` is the index's listing of the file when the caller already has it (else it is
+    looked up); ``mismatch`` is said first when the download does not match ``a``.
+    """
     root = cache_dir()
     dest = cached_path(a, root)
     if dest.is_file():
         if verify_cached:
             try:
-                verify_file(dest, a)
+                verify_file(dest, a if a.size else _sized(a, dest))
             except IntegrityError as e:
                 raise IntegrityError(
                     f"the cached {dest} is corrupt ({e}). Delete it and fetch again."
@@ -130,7 +136,8 @@ def ensure_artifact(
             return dest
         urls = configured_index_urls(index_url)
         client = IndexClient(urls, timeout=120)
-        entry = client.find_file(a.filename, project, urls)
+        if entry is None:
+            entry = client.find_file(a.filename, project, urls)
         if entry.sha256 and entry.sha256 != a.sha256:
             raise IntegrityError(
                 f"{a.filename}: the index publishes sha256 {entry.sha256}, but upstream.lock pins "
@@ -142,8 +149,13 @@ def ensure_artifact(
         fd, tmp = tempfile.mkstemp(prefix=f"{a.filename}.", suffix=".part", dir=tmpdir)
         os.close(fd)
         try:
-            download_to(entry.url, Path(tmp), a.size, a.filename, client)
-            verify_file(Path(tmp), a)
+            download_to(entry.url, Path(tmp), a.size or None, a.filename, client)
+            try:
+                verify_file(Path(tmp), a if a.size else _sized(a, Path(tmp)))
+            except IntegrityError as e:
+                if not mismatch:
+                    raise
+                raise IntegrityError(f"{mismatch} ({e}). Nothing was cached.") from None
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(tmp, 0o444)
             os.replace(tmp, dest)
@@ -152,3 +164,8 @@ def ensure_artifact(
                 os.unlink(tmp)
     info(f"cached {a.filename} (sha256 {a.sha256[:12]}…)")
     return dest
+
+
+def _sized(a: Artifact, path: Path) -> Artifact:
+    """``a`` with the size of ``path``: for a listing that gives the sha256 but no size."""
+    return Artifact(a.kind, a.filename, a.sha256, path.stat().st_size)

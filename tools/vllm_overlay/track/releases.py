@@ -8,9 +8,6 @@ Downloading an sdist checks its sha256 against the index's and refuses a mismatc
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +21,8 @@ from vllm_overlay.index.client import (
     list_files,
     release_of,
 )
-from vllm_overlay.pin.artifacts import cached_path, download_to, verify_file
+from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Artifact
-from vllm_overlay.util import cache_dir, exclusive_lock, info
 
 
 class ReleaseError(UsageError):
@@ -152,41 +148,15 @@ def newest_release(name: str, index_url: str | None) -> tuple[Release, list[str]
 def ensure_sdist(rel: Release, name: str) -> Path:
     """The release's sdist in the artifact cache, downloaded once and checked against the
     sha256 the index publishes (a mismatch is refused, nothing is cached)."""
-    art = rel.artifact()
-    root = cache_dir()
-    dest = cached_path(art, root)
-    if dest.is_file():
-        return dest
     assert rel.sdist is not None
-    with exclusive_lock(
-        root / "locks" / f"{art.sha256}.lock", f"the cache entry for {art.filename}"
-    ):
-        if dest.is_file():
-            return dest
-        tmpdir = root / "tmp"
-        tmpdir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f"{art.filename}.", suffix=".part", dir=tmpdir)
-        os.close(fd)
-        try:
-            download_to(rel.sdist.url, Path(tmp), rel.sdist.size, art.filename)
-            try:
-                verify_file(Path(tmp), art if art.size else _sized(art, Path(tmp)))
-            except IntegrityError as e:
-                raise IntegrityError(
-                    f"{name} {rel.version}: the sdist downloaded from the index does not match "
-                    f"the sha256 the index publishes for it ({e}). Nothing was cached. The index "
-                    "serves a different file than it describes: investigate, or use another "
-                    "index (--index-url)."
-                ) from None
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, dest)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-    info(f"cached {art.filename} (sha256 {art.sha256[:12]}…)")
-    return dest
-
-
-def _sized(art: Artifact, path: Path) -> Artifact:
-    return Artifact(art.kind, art.filename, art.sha256, path.stat().st_size)
+    return ensure_artifact(
+        rel.artifact(),
+        project=name,
+        entry=rel.sdist,
+        verify_cached=False,
+        mismatch=(
+            f"{name} {rel.version}: the sdist downloaded from the index does not match the "
+            "sha256 the index publishes for it. The index serves a different file than it "
+            "describes: investigate, or use another index (--index-url)"
+        ),
+    )
