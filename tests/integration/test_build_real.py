@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WHEEL_RE = r"vllm-0\.24\.0\+ovl\.\d+\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
 CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 EXTRACT = "vllm/model_executor/models/extract_hidden_states.py"
+KV_UTILS = "vllm/v1/core/kv_cache_utils.py"
 # vLLM 0.24.0's requirements/build/cuda.txt without torch, cmake and ninja: what its setup.py
 # imports. torch comes from a stub (precompiled) or is not needed beyond import (empty).
 BUILD_REQUIREMENTS = [
@@ -111,7 +112,7 @@ def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_pr
     diff = member_diff(official_wheel(real_project), wheel)
     di = f"vllm-{version}.dist-info"
     assert diff.changed == sorted(
-        [CONNECTOR, EXTRACT, "vllm/_version.py", f"{di}/METADATA", f"{di}/RECORD"]
+        [CONNECTOR, EXTRACT, KV_UTILS, "vllm/_version.py", f"{di}/METADATA", f"{di}/RECORD"]
     )
     assert diff.added == [f"{di}/vllm_overlay.json"] and diff.removed == []
     assert diff.identical > 4000
@@ -123,13 +124,16 @@ def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_pr
     assert out.stdout.strip() == version, out.stderr
     assert version_py_version((target / "vllm/_version.py").read_bytes()) == version
     tree = patched_files(real_project)
-    for path in (CONNECTOR, EXTRACT):
+    for path in (CONNECTOR, EXTRACT, KV_UTILS):
         assert (target / path).read_bytes() == tree[path]
     assert not (target / "tests").exists()
 
     inspect = cli("inspect", "--installed", "--path", str(target))
     assert inspect.rc == 0, inspect.err
-    assert "hybrid-hidden-states-block-size" in inspect.out
+    for cid in ("hybrid-hidden-states-block-size", "hybrid-prefix-caching-hidden-states",
+                "hidden-states-page-size-tp", "abort-safe-hidden-states-connector"):  # fmt: skip
+        assert cid in inspect.out
+    assert "changes    4" in inspect.out
     assert "commit ee0da84ab9e04ac7610e28580af62c365e898389" in inspect.out
 
 
@@ -149,7 +153,7 @@ def test_real_precompiled_build_with_vllms_setup_py(
     diff = member_diff(official_wheel(real_project), wheel)
     di = f"vllm-{wheel.name.split('-')[1]}.dist-info"
     assert diff.changed == sorted(
-        [CONNECTOR, EXTRACT, "vllm/_version.py", f"{di}/METADATA", f"{di}/RECORD"]
+        [CONNECTOR, EXTRACT, KV_UTILS, "vllm/_version.py", f"{di}/METADATA", f"{di}/RECORD"]
     )
     assert diff.added == [f"{di}/vllm_overlay.json"] and diff.removed == []
 
