@@ -181,14 +181,16 @@ def test_workflow_runs_make_track_daily_and_on_demand_and_opens_the_pr():
     import re
 
     line = re.sub(r"\$\{\{[^}]*\}\}", "", make_line)
+    # A clean make (not the one `make test` runs under, which would print its directory).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     dry = subprocess.run(
         [*shlex.split(line.replace("make track", "make -n -o .venv/.installed track", 1))],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=REPO, capture_output=True, text=True, check=True, env=env,
     ).stdout  # fmt: skip
     assert shlex.split(dry) == [".venv/bin/vllm-overlay", "track", "--report-dir", report_dir]
     dry = subprocess.run(
         ["make", "-n", "-o", ".venv/.installed", "track", "TO=1.2.3", "SUITE=1"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=REPO, capture_output=True, text=True, check=True, env=env,
     ).stdout  # fmt: skip
     assert shlex.split(dry) == [
         ".venv/bin/vllm-overlay", "track", "--to", "1.2.3", "--suite", "--report-dir", ".work/track"
