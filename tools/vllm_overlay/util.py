@@ -53,9 +53,7 @@ def run(
             stdin=None if input is not None else subprocess.DEVNULL,
         )
     except FileNotFoundError as e:
-        raise OverlayError(
-            f"{argv[0]} is not installed or not on PATH ({e}). Install it and try again."
-        ) from e
+        raise missing_program(argv[0], e) from e
     except subprocess.TimeoutExpired as e:
         raise CommandError(
             argv, -1, _text(e.stdout), _text(e.stderr), f"timed out after {timeout} s"
@@ -295,3 +293,10 @@ def find_uv() -> str | None:
     if beside.is_file() and os.access(beside, os.X_OK):
         return os.fspath(beside)
     return shutil.which("uv")
+
+
+def missing_program(program: object, error: OSError) -> OverlayError:
+    """The error for a child process whose program does not exist (util.run and the runner)."""
+    return OverlayError(
+        f"{program} is not installed or not on PATH ({error}). Install it and try again."
+    )

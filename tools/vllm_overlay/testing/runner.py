@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import util
-from vllm_overlay.errors import OverlayError, SuiteError
+from vllm_overlay.errors import SuiteError
 from vllm_overlay.testing import childenv
 from vllm_overlay.testing import contract as suite_plugin
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit_file
@@ -205,9 +205,7 @@ def _process_group(
             start_new_session=True,
         )
     except FileNotFoundError as e:
-        raise OverlayError(
-            f"{cmd[0]} is not installed or not on PATH ({e}). Install it and try again."
-        ) from e
+        raise util.missing_program(cmd[0], e) from e
     try:
         yield proc
     finally:
