@@ -9,6 +9,7 @@ OUT    ?= dist
 INDEX  ?=
 TO     ?=
 PYTEST_ARGS ?=
+SUITE_ARGS ?=
 # uv (bootstrapped into the venv with pip, then installing the rest) or pip alone.
 INSTALLER ?= uv
 TRACK_REPORT_DIR ?= .work/track
@@ -19,8 +20,8 @@ TRACK_REPORT_DIR ?= .work/track
 help:
 	@echo "make build-wheel    build dist/vllm-<release>+<overlay>-….whl (strategy auto) and verify it"
 	@echo "make test           lint, overlay checks, and the tool's tests (network-marked ones too)"
-	@echo "make test-unit      the tool's tests without network-marked ones"
-	@echo "make test-upstream  vLLM's kv_connector suite: patched tree vs pristine baseline"
+	@echo "make test-unit      the unit tests alone (tests/unit: no network, no real installers)"
+	@echo "make test-upstream [SUITE_ARGS=…]  vLLM's kv_connector suite: patched vs pristine"
 	@echo "make apply          the patched checkout in .work/vllm"
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
@@ -52,7 +53,7 @@ test: lint check-overlay
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
-	$(VENV)/bin/python -m pytest -m 'not network' $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
 # Real rebases to 0.28.0, 0.31.0 and 0.33.0, and track to 0.33.0: minutes each (a test
 # environment per release); not in CI. See the README.
@@ -60,7 +61,7 @@ test-releases: $(STAMP)
 	$(VENV)/bin/python -m pytest --releases -m releases $(PYTEST_ARGS)
 
 test-upstream: $(STAMP)
-	$(VO) suite
+	$(VO) suite $(SUITE_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tools tests bench

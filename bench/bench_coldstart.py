@@ -7,11 +7,14 @@ the tool's venv there too), it times each phase and prints a table:
   venv         the tool's venv: `make venv INSTALLER=pip` vs `make venv INSTALLER=uv`
   testenv      the CPU test environment of the pinned vLLM (0.24.0): pip vs uv
                (`vllm-overlay testenv --tree DIR`, VLLM_OVERLAY_INSTALLER=pip for pip)
-  unit         cold `make test-unit` (the unit part: no network, no test environment)
-  integration  cold `pytest -m network` (real releases; downloads and test envs from empty)
-  warm         `make test` again with every cache warm
+  unit         cold `make test-unit` (tests/unit: no network, no test environment)
+  test         cold `make test PYTEST_ARGS="-n 2"` as CI runs it: its own venv, every
+               download and test environment from empty caches
+  upstream     then `make test-upstream SUITE_ARGS=--baseline-for-failures`, as CI does next
+               (test + upstream is the cold CI run, less CI's chromium install)
+  warm         `make test PYTEST_ARGS="-n 2"` again with every cache warm
 
-The testenv, unit, integration and warm phases take minutes each: pick them with --phases.
+The testenv, unit, test, upstream and warm phases take minutes each: pick them with --phases.
 Every phase's output goes to a log file in the work directory (kept with --keep).
 """
 
@@ -32,7 +35,8 @@ sys.path.insert(0, str(REPO / "tools"))
 from vllm_overlay import util  # noqa: E402
 from vllm_overlay.testing.childenv import clean_environ  # noqa: E402
 
-PHASES = ("venv", "testenv", "unit", "integration", "warm")
+PHASES = ("venv", "testenv", "unit", "test", "upstream", "warm")
+CI_PYTEST_ARGS = "PYTEST_ARGS=-n 2"  # what .ci/run gives `make test` (less its reporting flags)
 DEFAULT_PHASES = ("venv", "testenv")
 
 
@@ -115,14 +119,18 @@ class Bench:
         self.ensure_venv()
         self.timed("unit", ["make", "test-unit", f"VENV={self.venv}"], self.env("suite"))
 
-    def phase_integration(self) -> None:
-        self.ensure_venv()
-        argv = [self.venv / "bin" / "python", "-m", "pytest", "-m", "network"]
-        self.timed("integration", argv, self.env("suite"))
+    def phase_test(self) -> None:
+        venv = self.work / "venv-ci"  # made by `make test` itself, as on a CI machine
+        self.timed("test", ["make", "test", f"VENV={venv}", CI_PYTEST_ARGS], self.env("ci"))
+
+    def phase_upstream(self) -> None:
+        venv = self.work / "venv-ci"
+        argv = ["make", "test-upstream", f"VENV={venv}", "SUITE_ARGS=--baseline-for-failures"]
+        self.timed("upstream", argv, self.env("ci"))
 
     def phase_warm(self) -> None:
-        self.ensure_venv()
-        self.timed("warm", ["make", "test", f"VENV={self.venv}"], self.env("suite"))
+        venv = self.work / "venv-ci"
+        self.timed("warm", ["make", "test", f"VENV={venv}", CI_PYTEST_ARGS], self.env("ci"))
 
 
 def ratio(a: dict | None, b: dict | None) -> str:
@@ -147,11 +155,15 @@ def table(figures: dict[str, dict]) -> str:
             )
     for label, key in (
         ("make test-unit (cold)", "unit"),
-        ("integration, -m network (cold)", "integration"),
-        ("make test (warm)", "warm"),
+        ("make test -n 2 (cold, with venv)", "test"),
+        ("make test-upstream (then, targeted)", "upstream"),
+        ("make test -n 2 (warm)", "warm"),
     ):
         if key in figures:
             rows.append(f"{label:34} {'':>12} {sec(key):>12}")
+    if "test" in figures and "upstream" in figures:
+        total = float(figures["test"]["seconds"]) + float(figures["upstream"]["seconds"])
+        rows.append(f"{'cold CI (test + upstream)':34} {'':>12} {total:>10.1f} s")
     return "\n".join(rows)
 
 

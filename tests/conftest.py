@@ -17,7 +17,8 @@ import pytest
 from synthetic import ADDED_TEST, CONNECTOR, IndexServer, Upstream, make_upstream, release_files  # noqa: E402
 from vllm_overlay.main import main  # noqa: E402
 
-pytest_plugins = ["fixtures_publish"]  # the publish fixtures (unit and real-wheel tests)
+# Fixtures shared by unit and integration tests.
+pytest_plugins = ["fixtures_publish", "fixtures_build"]
 
 REAL_HOME = os.environ.get("HOME", "/root")
 
@@ -239,6 +240,22 @@ def write_overlay(root: Path, version: str = "1.0.0", *, legacy: bool = False) -
         (where / rel).write_text(text)
 
 
+# Lock texts pinned by the real `vllm-overlay lock` in this process, by (upstream, version).
+# The lock records no index URL, so the next project pinned to the same release gets the
+# same file without pinning again; the lock command itself is tests/unit/test_lock_and_fetch.py.
+_PINNED: dict[tuple[str, str], str] = {}
+
+
+def _pin(p: Proj, version: str) -> None:
+    key = (str(p.upstream.repo), version)
+    if key in _PINNED:
+        p.lock.write_text(_PINNED[key])
+        return
+    res = p.pin(version)
+    assert res.rc == 0, res.err
+    _PINNED[key] = p.lock.read_text()
+
+
 @pytest.fixture
 def project(tmp_path: Path, upstream: Upstream, index: IndexServer) -> Proj:
     """An overlay project with one change (a patch and an added test) pinned to 1.0.0."""
@@ -246,10 +263,9 @@ def project(tmp_path: Path, upstream: Upstream, index: IndexServer) -> Proj:
     root.mkdir()
     write_overlay(root)
     p = Proj(root=root, upstream=upstream, index=index)
-    res = p.pin("1.0.0")
-    assert res.rc == 0, res.err
+    _pin(p, "1.0.0")
     # Start every test from an empty cache and a fresh request log.
-    shutil.rmtree(os.environ["VLLM_OVERLAY_CACHE"])
+    shutil.rmtree(os.environ["VLLM_OVERLAY_CACHE"], ignore_errors=True)
     index.requests.clear()
     return p
 
@@ -261,8 +277,7 @@ def pinned_project(upstream: Upstream, root: Path, version: str = "1.0.0"):
         root.mkdir()
         write_overlay(root)
         p = Proj(root=root, upstream=upstream, index=srv)
-        res = p.pin(version)
-        assert res.rc == 0, res.err
+        _pin(p, version)
         yield p
 
 

@@ -7,6 +7,8 @@ import hashlib
 import zipfile
 from pathlib import Path
 
+import pytest
+from synthetic import make_upstream, release_files
 from vllm_overlay.pin.artifacts import cached_path
 from vllm_overlay.pin.lockfile import Artifact, read_lock, write_lock
 from vllm_overlay.wheel.metadata import version_py_version
@@ -143,3 +145,36 @@ def torch_stub(root: Path, *, cuda: str | None) -> Path:
     (pkg / "utils" / "__init__.py").write_text("")
     (pkg / "utils" / "cpp_extension.py").write_text("CUDA_HOME = None\nROCM_HOME = None\n")
     return root
+
+
+# ---- fixtures of the precompiled and source driver tests (unit and integration) ----------
+
+
+@pytest.fixture(scope="module")
+def fake_vllm(tmp_path_factory):
+    files = {
+        **release_files("1.0.0"),
+        "setup.py": FAKE_SETUP_PY,
+        "pyproject.toml": FAKE_PYPROJECT,
+        "requirements/build/cuda.txt": FAKE_BUILD_REQUIREMENTS,
+        "CMakeLists.txt": FAKE_CMAKELISTS,
+    }
+    return make_upstream(tmp_path_factory.mktemp("fake-vllm"), trees={"1.0.0": files})
+
+
+@pytest.fixture
+def fproject(fake_vllm, tmp_path):
+    from conftest import pinned_project
+
+    with pinned_project(fake_vllm, tmp_path / "project") as p:
+        yield p
+
+
+@pytest.fixture
+def cuda_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "cuda-torch", cuda="13.0")))
+
+
+@pytest.fixture
+def cpu_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "cpu-torch", cuda=None)))

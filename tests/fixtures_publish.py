@@ -290,7 +290,7 @@ def negotiating_server(directory: Path) -> Iterator[tuple[str, list[tuple[str, s
     handler = type("Handler", (_NegotiatingHandler,), {"served": served})
     factory = functools.partial(handler, directory=str(directory))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), factory)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}/", served

@@ -366,7 +366,7 @@ class IndexServer:
             allow_reuse_address = True
 
         self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
 
     @property
     def url(self) -> str:

@@ -325,7 +325,7 @@ def test_pr_fetches_the_pull_requests_patch(project, cli, canonical, tmp_path):
             pass
 
     srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, args=(0.02,), daemon=True).start()
     try:
         url = f"http://127.0.0.1:{srv.server_port}/vllm-project/vllm.git"
         res = imp(cli, project, "--pr", "321", "--git-url", url, "--drop-when", "vllm>=2",

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import socket
-import subprocess
 from pathlib import Path
 
-import pytest
 from conftest import tree_snapshot
 from synthetic import CONNECTOR
 from vllm_overlay.track import classify, sdist
@@ -94,44 +91,6 @@ def test_tests_run_on_patched_and_pristine_trees(cli, project, tmp_path):
     assert t12["on"].startswith("the pristine tree") and t12["ran"] and not t12["ok"]
     assert "1 failed" in t12["counts"]
     assert data["safe_target"] == "1.1.0"
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(_chromium() is None, reason="needs chromium (apt-get install chromium)")
-def test_html_page_renders_the_matrix_in_chromium(cli, project, tmp_path):
-    page = tmp_path / "outlook.html"
-    res = _outlook(cli, project, "--html", page)
-    assert res.rc == 0, res.err
-    shot = tmp_path / "shot.png"
-    base = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-            f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
-    dom = subprocess.run(
-        [*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
-    ).stdout
-    from html.parser import HTMLParser
-
-    cells: list[dict] = []
-
-    class P(HTMLParser):
-        def handle_starttag(self, tag, attrs):
-            a = dict(attrs)
-            if tag == "td" and "data-state" in a:
-                cells.append(a)
-
-    P().feed(dom)
-    got = {(c["data-change"], c["data-version"]): c["data-state"] for c in cells}
-    assert got == {
-        ("group-block-size", "1.1.0"): "refreshed",
-        ("group-block-size", "1.2.0"): "conflict",
-    }
-    assert 'id="cell-group-block-size-1_2_0"' in dom and "upstream rewrote this" in dom
-    assert 'href="#cell-group-block-size-1_2_0"' in dom
-    subprocess.run([*base, f"--screenshot={shot}", "--window-size=1000,600", page.as_uri()],
-                   capture_output=True, timeout=120)  # fmt: skip
-    assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # --- the pieces ------------------------------------------------------------------------------

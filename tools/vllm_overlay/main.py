@@ -7,6 +7,7 @@ Each command lives in ``vllm_overlay.commands.<name>`` and exports ``HELP`` (one
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once per process (parsing leaves it as it was)."""
+    return build_parser()
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -96,7 +103,7 @@ def _seconds(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

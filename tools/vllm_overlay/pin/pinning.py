@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay.errors import LockFileError
-from vllm_overlay.gitrepo import git, show_bytes
+from vllm_overlay.gitrepo import git, open_repo, show_bytes
 from vllm_overlay.index.client import configured_index_urls, find_release_files, release_file_kind
 from vllm_overlay.pin.lockfile import Artifact, Lock, Upstream, base_hash
 from vllm_overlay.pin.trees import sdist_repo
@@ -130,7 +130,8 @@ def compute_lock(
         )
     if verified and abbrev and commit != UNRESOLVED:
         notes.append(f"the sdist records commit {abbrev}, consistent with {commit}")
-    base_map = {p: base_hash(show_bytes(repo, base, p)) for p in paths}
+    with open_repo(repo) as r:  # one repository (and its cat-file process) for every path
+        base_map = {p: base_hash(show_bytes(r, base, p)) for p in paths}
     lock = Lock(
         upstream=Upstream(
             name=name,

@@ -12,6 +12,8 @@ from pathlib import Path
 PLUGIN_FILE = Path(__file__).with_name("plugin.py")
 DIR_ENV = "VLLM_OVERLAY_SUITE_DIR"
 HARD_TIMEOUT_ENV = "VLLM_OVERLAY_SUITE_HARD_TIMEOUT"
+DESELECT_ENV = "VLLM_OVERLAY_SUITE_DESELECT"
+DESELECTED = "deselected.txt"
 MARKERS_PROPERTY = "vllm_overlay.markers"
 COLLECTED = "collected.txt"
 PROGRESS = "progress.json"

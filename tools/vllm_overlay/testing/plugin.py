@@ -7,6 +7,9 @@ test environment's Python, so it imports nothing from vllm_overlay. It:
   can say which failing tests upstream marks ``cpu_test`` (expected to pass without a GPU);
 - writes the ids of the collected tests (``collected.txt``: what did not run is the rest)
   and a small progress file (``progress.json``) that the runner shows while pytest works;
+- deselects the tests listed in the file ``VLLM_OVERLAY_SUITE_DESELECT`` names (a targeted
+  baseline: what passed on the patched tree is not run again) and writes the ids it
+  deselected (``deselected.txt``), so the runner still knows everything that was collected;
 - arms a hard watchdog for every test (faulthandler's, a C thread that needs no GIL): a
   test still running ``VLLM_OVERLAY_SUITE_HARD_TIMEOUT`` seconds after it started, which
   pytest-timeout's signal could not interrupt (stuck in C code), gets its stacks dumped to
@@ -34,6 +37,8 @@ import pytest
 # asserts they agree.
 DIR_ENV = "VLLM_OVERLAY_SUITE_DIR"
 HARD_TIMEOUT_ENV = "VLLM_OVERLAY_SUITE_HARD_TIMEOUT"
+DESELECT_ENV = "VLLM_OVERLAY_SUITE_DESELECT"
+DESELECTED = "deselected.txt"
 MARKERS_PROPERTY = "vllm_overlay.markers"
 COLLECTED = "collected.txt"
 PROGRESS = "progress.json"
@@ -58,10 +63,22 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         names = sorted({m.name for m in item.iter_markers()} - _IGNORED_MARKERS)
         item.user_properties.append((MARKERS_PROPERTY, ",".join(names)))
+    listed = os.environ.get(DESELECT_ENV)
+    if not listed:
+        return
+    skip = set(Path(listed).read_text().splitlines())
+    keep = [i for i in items if i.nodeid not in skip]
+    dropped = [i for i in items if i.nodeid in skip]
+    out = _outdir()
+    if out is not None:  # every xdist worker collects the same; the last write wins
+        _write_atomic(out / DESELECTED, "".join(f"{i.nodeid}\n" for i in dropped))
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

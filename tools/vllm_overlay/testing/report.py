@@ -16,6 +16,11 @@ results (not collected, or collected but never reported: "not run"):
 
 The overlay's own tests (the ``tests`` of each change in overlay.toml) must pass on the
 patched tree; one that fails or is skipped there is an exit 1 whatever the baseline says.
+
+A targeted baseline (``--baseline-for-failures``) collects everything but runs only what
+did not pass on the patched tree; the rest is "not re-run". Every row above that decides
+the exit status has a patched side other than "passed", so the verdict is the same; only
+"fixed" cannot be known, and the report says so.
 """
 
 from __future__ import annotations
@@ -63,10 +68,17 @@ class RunView:
     results: dict[str, TestResult]
     collected: tuple[str, ...] = ()
     ran: bool = True  # False with --no-baseline
+    deselected: frozenset[str] = frozenset()  # collected, left out on purpose (targeted)
+
+    @property
+    def targeted(self) -> bool:
+        return bool(self.deselected)
 
     def outcome(self, nodeid: str) -> str:
         if nodeid in self.results:
             return self.results[nodeid].outcome
+        if nodeid in self.deselected:
+            return "not re-run"
         return "not run" if nodeid in self.collected else "absent"
 
     def ids(self) -> set[str]:
@@ -74,7 +86,9 @@ class RunView:
 
     def totals(self) -> dict[str, int]:
         counts = Counter(r.outcome for r in self.results.values())
-        not_run = sum(1 for n in self.collected if n not in self.results)
+        not_run = sum(
+            1 for n in self.collected if n not in self.results and n not in self.deselected
+        )
         return {
             "passed": counts["passed"],
             "failed": counts["failed"],
@@ -185,7 +199,13 @@ def render_text(cmp: Comparison, title: str, runs: dict[str, RunInfo]) -> str:
         lines += _section(
             "lost (pass on baseline; skipped, absent or not run on patched)", cmp.lost
         )
-        lines += _section("fixed (fail on baseline, pass on patched)", cmp.fixed)
+        if cmp.baseline.targeted:
+            lines.append(
+                "fixed (fail on baseline, pass on patched): not known: the baseline ran only "
+                "the tests that did not pass on patched"
+            )
+        else:
+            lines += _section("fixed (fail on baseline, pass on patched)", cmp.fixed)
         lines += _only_section("only on patched", cmp.only_patched, "patched")
         lines += _only_section("only on baseline", cmp.only_baseline, "baseline")
         lines += _causes_section("unchanged failures (fail on both; not passes)", cmp.unchanged)
@@ -211,6 +231,11 @@ def _totals_table(cmp: Comparison, runs: dict[str, RunInfo]) -> list[str]:
         cells = "".join(f"{totals[k]:>9}" for k in TOTAL_KEYS)
         when = _minutes(info.seconds) + (" (cached)" if info.cached else "")
         out.append(f"{name:10}{cells}{sum(totals.values()):>9}   {when}")
+        if view.targeted:
+            out.append(
+                f"{'':10}(+{len(view.deselected)} collected that passed on patched, "
+                "not re-run here)"
+            )
     return out
 
 
@@ -304,6 +329,7 @@ def to_json(cmp: Comparison, meta: dict[str, object], runs: dict[str, RunInfo]) 
             "seconds": round(info.seconds, 1),
             "cached": info.cached,
             "junit": info.junit,
+            "not_rerun": len(view.deselected),
         }
 
     def entries(es: list[Entry]) -> list[dict[str, object]]:
@@ -318,7 +344,7 @@ def to_json(cmp: Comparison, meta: dict[str, object], runs: dict[str, RunInfo]) 
         },
         "new_failures": entries(cmp.new_failures),
         "lost": entries(cmp.lost),
-        "fixed": entries(cmp.fixed),
+        "fixed": None if cmp.baseline.targeted else entries(cmp.fixed),
         "only_patched": entries(cmp.only_patched),
         "only_baseline": entries(cmp.only_baseline),
         "unchanged_failures": {k: entries(v) for k, v in sorted(cmp.unchanged.items())},

@@ -83,10 +83,11 @@ class PytestRun:
 
     returncode: int
     results: dict[str, TestResult]
-    collected: tuple[str, ...]
+    collected: tuple[str, ...]  # what ran or was to run (deselected tests not included)
     junit: Path | None  # None: pytest wrote no (readable) report
     log: Path
     seconds: float
+    deselected: tuple[str, ...] = ()  # collected, then left out as asked (a deselect list)
 
     def counts(self) -> dict[str, int]:
         out = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
@@ -109,7 +110,11 @@ def run_pytest(
     """``python -m pytest ARGS`` from ``cwd`` with ``environ`` (see the module docstring)."""
     for d in (files.plugin, files.out, files.log.parent, cwd):
         d.mkdir(parents=True, exist_ok=True)
-    for stale in (files.junit, files.out / suite_plugin.COLLECTED):
+    for stale in (
+        files.junit,
+        files.out / suite_plugin.COLLECTED,
+        files.out / suite_plugin.DESELECTED,
+    ):
         stale.unlink(missing_ok=True)
     environ = dict(environ)
     shutil.copyfile(suite_plugin.PLUGIN_FILE, files.plugin / f"{PLUGIN_MODULE}.py")
@@ -131,9 +136,15 @@ def run_pytest(
         junit: Path | None = files.junit
     except JunitError:
         results, junit = {}, None
-    collected_file = files.out / suite_plugin.COLLECTED
-    collected = tuple(collected_file.read_text().splitlines()) if collected_file.exists() else ()
-    return PytestRun(rc, results, collected, junit, files.log, seconds)
+    collected, deselected = (
+        _ids(files.out / name) for name in (suite_plugin.COLLECTED, suite_plugin.DESELECTED)
+    )
+    return PytestRun(rc, results, collected, junit, files.log, seconds, deselected)
+
+
+def _ids(path: Path) -> tuple[str, ...]:
+    """The test ids the plugin listed in ``path`` (none if it wrote no such file)."""
+    return tuple(path.read_text().splitlines()) if path.exists() else ()
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from vllm_overlay import util
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.testing import childenv, installer, runner, testenv
+from vllm_overlay.testing import childenv, contract, installer, runner, testenv
 from vllm_overlay.testing.junit import TestResult
 
 DEFAULT_TIMEOUT = 120  # seconds per test; the slowest test at 0.24.0 takes ~7 s here
@@ -114,6 +114,7 @@ class Side:
     tree: Path  # the tests come from here (and the code, unless a wheel is given)
     selection: tuple[str, ...]
     wheel: Path | None = None
+    deselect: tuple[str, ...] = ()  # collect these but do not run them (a targeted baseline)
 
 
 @dataclass
@@ -129,6 +130,7 @@ class SideRun:
     returncode: int = 0
     log: Path | None = None
     selection: tuple[str, ...] = ()
+    deselected: tuple[str, ...] = ()  # collected but not run, as asked (Side.deselect)
 
     @property
     def not_run(self) -> tuple[str, ...]:
@@ -183,6 +185,10 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
     code_root = side.tree if side.wheel is None else install_wheel(env, side.wheel, scratch)
     environ = env.environ(scratch.env, code_root)
     preflight(env, environ, scratch, code_root, opts)
+    if side.deselect:
+        listed = scratch.base / "deselect.txt"
+        util.atomic_write_text(listed, "".join(f"{n}\n" for n in side.deselect))
+        environ[contract.DESELECT_ENV] = os.fspath(listed)
     run = runner.run_pytest(
         env.python,
         pytest_args(side, scratch, config, opts),
@@ -193,7 +199,9 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
         limit=RUN_LIMIT,
         hard_timeout=opts.timeout + HARD_TIMEOUT_GRACE,
     )
-    if run.returncode not in (0, 1) or run.junit is None:
+    # pytest's exit 5 (no tests ran) is a result when every collected test was deselected.
+    finished = (0, 1, 5) if side.deselect else (0, 1)
+    if run.returncode not in finished or run.junit is None:
         raise SuiteError(
             f"pytest on the {side.name} tree did not finish (exit code {run.returncode}, "
             f"{'no' if run.junit is None else 'a'} JUnit report). The end of its "
@@ -208,6 +216,7 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
         returncode=run.returncode,
         log=run.log,
         selection=side.selection,
+        deselected=run.deselected,
     )
 
 

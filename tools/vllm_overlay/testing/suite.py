@@ -106,7 +106,9 @@ def baseline_selection(pristine: Path, selection: tuple[str, ...]) -> tuple[str,
 
 # --- the whole comparison ----------------------------------------------------------------
 
-BASELINE_MODES = ("auto", "rerun", "skip")
+# auto: cached, else run; rerun: run and re-cache; skip: none; targeted: cached, else run
+# pristine upstream only on what did not pass on the patched tree (not cached).
+BASELINE_MODES = ("auto", "rerun", "skip", "targeted")
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class SuiteRequest:
 
     checkout: Path | None = None  # test this tree as it is; None: make the patched tree
     tests: tuple[str, ...] = ()  # empty: the default selection
-    baseline: str = "auto"  # auto: cached or run; rerun: run and re-cache; skip: none
+    baseline: str = "auto"  # one of BASELINE_MODES
     wheel: Path | None = None  # wheel mode: vLLM's code from this built wheel
     junit_dir: Path | None = None
     options: RunOptions = RunOptions()
@@ -157,9 +159,17 @@ def run_suite(project: Project, req: SuiteRequest) -> SuiteOutcome:
             Scratch(work / "runs" / "patched"),
             req.options,
         )
+        if baseline is None:  # targeted, nothing cached: only what did not pass on patched
+            passed = sorted(n for n, r in patched.results.items() if r.outcome == "passed")
+            baseline = _run_baseline(lock, work, req, env, base_sel, deselect=tuple(passed))
         junit = _write_junit(req.junit_dir or work / "junit", baseline, patched)
     views = {
-        "baseline": RunView(baseline.results, baseline.collected, ran=req.baseline != "skip"),
+        "baseline": RunView(
+            baseline.results,
+            (*baseline.collected, *baseline.deselected),
+            ran=req.baseline != "skip",
+            deselected=frozenset(baseline.deselected),
+        ),
         "patched": RunView(patched.results, patched.collected),
     }
     runs = {
@@ -208,7 +218,9 @@ def _pristine_selection(
 
 def _baseline(
     lock: Lock, work: Path, req: SuiteRequest, env: RunEnv, selection: tuple[str, ...]
-) -> SideRun:
+) -> SideRun | None:
+    """The whole baseline, from the cache or run (and cached); None: targeted, to run after
+    the patched side."""
     if req.baseline == "skip":
         return empty_run("baseline")
     code = "tree" if req.wheel is None else f"wheel:{lock.wheel().sha256}"
@@ -219,7 +231,7 @@ def _baseline(
         "sdist": lock.sdist().sha256,
     }
     key = baseline_key(upstream, code, env, selection, req.options)
-    if req.baseline == "auto":
+    if req.baseline in ("auto", "targeted"):
         try:
             cached = load_baseline(key)
         except CorruptBaseline as e:
@@ -228,18 +240,41 @@ def _baseline(
         if cached is not None:
             util.info(f"suite: baseline from the cache ({baseline_path(key)})")
             return cached
+    if req.baseline == "targeted":
+        util.info(
+            "suite: no cached baseline; pristine upstream runs after the patched tree, only "
+            "the tests that do not pass there (--baseline-for-failures)"
+        )
+        return None
     util.info(f"suite: running the baseline on pristine upstream (cache key {key.digest})")
+    run = _run_baseline(lock, work, req, env, selection)
+    util.info(f"suite: baseline cached as {store_baseline(key, run)}")
+    return run
+
+
+def _run_baseline(
+    lock: Lock,
+    work: Path,
+    req: SuiteRequest,
+    env: RunEnv,
+    selection: tuple[str, ...],
+    deselect: tuple[str, ...] = (),
+) -> SideRun:
+    """Pristine upstream's run of ``selection``, less the ``deselect`` ids (collected only)."""
+    if deselect:
+        util.info(
+            f"suite: running the baseline on pristine upstream, leaving out the {len(deselect)} "
+            "tests that passed on the patched tree"
+        )
     pristine = work / "trees" / "pristine"
     apply_overlay(lock, None, pristine, force=True, index_url=req.index_url)
     wheel = None if req.wheel is None else ensure_artifact(lock.wheel(), index_url=req.index_url)
-    run = run_side(
-        Side("baseline", pristine, selection, wheel),
+    return run_side(
+        Side("baseline", pristine, selection, wheel, deselect),
         env,
         Scratch(work / "runs" / "baseline"),
         req.options,
     )
-    util.info(f"suite: baseline cached as {store_baseline(key, run)}")
-    return run
 
 
 def _write_junit(dest: Path, baseline: SideRun, patched: SideRun) -> dict[str, str]:
@@ -271,6 +306,7 @@ def _meta(
         "tree": os.fspath(tree),
         "selection": list(selection),
         "baseline_selection": list(base_sel),
+        "baseline_mode": req.baseline,
         "environment": env.description,
         "options": req.options.key(),
     }
