@@ -7,7 +7,8 @@ the tool's venv there too), it times each phase and prints a table:
   venv         the tool's venv: `make venv INSTALLER=pip` vs `make venv INSTALLER=uv`
   testenv      the CPU test environment of the pinned vLLM (0.24.0): pip vs uv
                (`vllm-overlay testenv --tree DIR`, VLLM_OVERLAY_INSTALLER=pip for pip)
-  unit         cold `make test-unit` (tests/unit: no network, no test environment)
+  unit         cold `make test-unit PYTEST_ARGS="-n 2"` (tests/unit: no network, no test
+               environment)
   test         cold `make test PYTEST_ARGS="-n 2"` as CI runs it: its own venv, every
                download and test environment from empty caches
   upstream     then `make test-upstream SUITE_ARGS=--baseline-for-failures`, as CI does next
@@ -117,7 +118,8 @@ class Bench:
 
     def phase_unit(self) -> None:
         self.ensure_venv()
-        self.timed("unit", ["make", "test-unit", f"VENV={self.venv}"], self.env("suite"))
+        argv = ["make", "test-unit", f"VENV={self.venv}", CI_PYTEST_ARGS]
+        self.timed("unit", argv, self.env("suite"))
 
     def phase_test(self) -> None:
         venv = self.work / "venv-ci"  # made by `make test` itself, as on a CI machine
@@ -154,7 +156,7 @@ def table(figures: dict[str, dict]) -> str:
                 f"{label:34} {sec(key + '-pip'):>12} {sec(key + '-uv'):>12} {ratio(pip, uv):>8}"
             )
     for label, key in (
-        ("make test-unit (cold)", "unit"),
+        ("make test-unit -n 2 (cold)", "unit"),
         ("make test -n 2 (cold, with venv)", "test"),
         ("make test-upstream (then, targeted)", "upstream"),
         ("make test -n 2 (warm)", "warm"),

@@ -181,8 +181,9 @@ def test_workflow_runs_make_track_daily_and_on_demand_and_opens_the_pr():
     import re
 
     line = re.sub(r"\$\{\{[^}]*\}\}", "", make_line)
-    # A clean make (not the one `make test` runs under, which would print its directory).
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    # A clean make, as on the runner: nothing from an enclosing make (its MAKEFLAGS would
+    # print directories; a `make VENV=…` exports VENV to its recipes).
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
     dry = subprocess.run(
         [*shlex.split(line.replace("make track", "make -n -o .venv/.installed track", 1))],
         cwd=REPO, capture_output=True, text=True, check=True, env=env,

@@ -24,7 +24,10 @@ tree, or when one of the overlay's own tests does not pass; 0 otherwise.
 
 The environment is the CPU test environment (`vllm-overlay testenv`), or --python. The
 baseline is cached by upstream pin, environment, selection and options, so a usual run
-costs one suite run; --baseline-for-failures makes a cold run cheap too. JUnit XML for both sides goes to .work/suite/junit/ (or --junit).
+costs one suite run. Without a cached baseline, --baseline-for-failures runs pristine
+upstream only on the tests that did not pass on the patched tree: the same verdict, but
+no "fixed" list (CI uses it). JUnit XML for both sides goes to .work/suite/junit/ (or
+--junit).
 
 On a GPU machine, --wheel dist/vllm-….whl runs the same tests against the built wheel's
 code (and the baseline against the official release wheel) instead of the source trees;
