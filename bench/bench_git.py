@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import importlib.util
 import io
 import os
 import shutil
@@ -116,9 +117,12 @@ def _write_overlay(root: Path, release_files: Callable[[str], dict[str, str]],
         difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{connector}",
                              f"b/{connector}")
     )  # fmt: skip
+    # The series layout (overlay/<change-id>/<path>); a tool from before the series (an A/B
+    # run with PYTHONPATH=<old checkout>/tools) reads the older one-change-per-file layout.
+    where = f"{CID}/" if importlib.util.find_spec("vllm_overlay.overlay.series") else ""
     for rel, text in {
-        connector + ".patch": patch,
-        added: "def test_group_block_size():\n    assert True\n",
+        where + connector + ".patch": patch,
+        where + added: "def test_group_block_size():\n    assert True\n",
         "overlay.toml": (
             f'[[change]]\nid = "{CID}"\ntitle = "Group block size"\nwhy = "benchmark"\n'
             'origin = "https://github.com/vllm-project/vllm/pull/46301"\n'
