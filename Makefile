@@ -8,7 +8,9 @@ STAMP  := $(VENV)/.installed
 OUT    ?= dist
 INDEX  ?=
 TO     ?=
-PYTEST_ARGS ?=
+# Two pytest-xdist workers that steal work from each other: the long integration tests
+# (minutes each) do not queue behind one worker (on 2 cores: 336 s against 466 s).
+PYTEST_ARGS ?= -n 2 --dist worksteal
 SUITE_ARGS ?=
 # uv (bootstrapped into the venv with pip, then installing the rest) or pip alone.
 INSTALLER ?= uv

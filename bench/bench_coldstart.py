@@ -7,13 +7,13 @@ the tool's venv there too), it times each phase and prints a table:
   venv         the tool's venv: `make venv INSTALLER=pip` vs `make venv INSTALLER=uv`
   testenv      the CPU test environment of the pinned vLLM (0.24.0): pip vs uv
                (`vllm-overlay testenv --tree DIR`, VLLM_OVERLAY_INSTALLER=pip for pip)
-  unit         cold `make test-unit PYTEST_ARGS="-n 2"` (tests/unit: no network, no test
-               environment)
-  test         cold `make test PYTEST_ARGS="-n 2"` as CI runs it: its own venv, every
+  unit         cold `make test-unit` (tests/unit: no network, no test environment), with
+               the PYTEST_ARGS below
+  test         cold `make test PYTEST_ARGS="-n 2 --dist worksteal"` as CI runs it: its own venv, every
                download and test environment from empty caches
   upstream     then `make test-upstream SUITE_ARGS=--baseline-for-failures`, as CI does next
                (test + upstream is the cold CI run, less CI's chromium install)
-  warm         `make test PYTEST_ARGS="-n 2"` again with every cache warm
+  warm         `make test` again with every cache warm
 
 The testenv, unit, test, upstream and warm phases take minutes each: pick them with --phases.
 Every phase's output goes to a log file in the work directory (kept with --keep).
@@ -37,7 +37,7 @@ from vllm_overlay import util  # noqa: E402
 from vllm_overlay.testing.childenv import clean_environ  # noqa: E402
 
 PHASES = ("venv", "testenv", "unit", "test", "upstream", "warm")
-CI_PYTEST_ARGS = "PYTEST_ARGS=-n 2"  # what .ci/run gives `make test` (less its reporting flags)
+CI_PYTEST_ARGS = "PYTEST_ARGS=-n 2 --dist worksteal"  # .ci/run's, less its reporting flags
 DEFAULT_PHASES = ("venv", "testenv")
 
 
