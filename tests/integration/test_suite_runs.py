@@ -291,19 +291,14 @@ def test_a_proof_that_passes_is_ok_and_one_that_collects_nothing_is_not(tmp_path
     (tree / "tests").mkdir(parents=True)
     (tree / "tests" / "test_ok.py").write_text("def test_ok():\n    assert True\n")
     (tree / "tests" / "test_none.py").write_text("X = 1\n")
-    ok = proving.run_tests(
-        proving.PythonRunner(),
-        tree,
-        [str(tree / "tests/test_ok.py")],
-        tmp_path / "w1",
-        tmp_path / "l1.log",
-    )
+
+    def prove(name: str):
+        return proving.run_tests(
+            proving.PythonRunner(), tree, [str(tree / "tests" / f"test_{name}.py")],
+            tmp_path / f"work-{name}", tmp_path / f"{name}.log",
+        )  # fmt: skip
+
+    ok = prove("ok")
     assert ok.ok and (ok.passed, ok.failed) == (1, 0) and ok.first_error == ""
-    none = proving.run_tests(
-        proving.PythonRunner(),
-        tree,
-        [str(tree / "tests/test_none.py")],
-        tmp_path / "w2",
-        tmp_path / "l2.log",
-    )
+    none = prove("none")
     assert not none.ok and none.returncode == 5 and none.summary.startswith("no tests ran")

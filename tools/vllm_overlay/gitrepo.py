@@ -28,7 +28,7 @@ from git.diff import INDEX
 from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound
 
 from vllm_overlay.errors import CommandError, OverlayError
-from vllm_overlay.util import Output
+from vllm_overlay.util import Output, missing_program
 
 Repo = gitpython.Repo
 IDENTITY = ("vllm-overlay", "vllm-overlay@localhost")
@@ -137,7 +137,7 @@ def run_git(
                 env=env,
             )
     except GitCommandNotFound as e:
-        raise OverlayError(f"git is not installed or not on PATH ({e}). Install it.") from e
+        raise missing_program("git", e) from e
     return _result(argv, out, check, hint)  # type: ignore[arg-type]
 
 

@@ -296,7 +296,8 @@ def find_uv() -> str | None:
 
 
 def missing_program(program: object, error: OSError) -> OverlayError:
-    """The error for a child process whose program does not exist (util.run and the runner)."""
+    """The error for a child process whose program does not exist (util.run, the pytest
+    runner, the git layer)."""
     return OverlayError(
         f"{program} is not installed or not on PATH ({error}). Install it and try again."
     )

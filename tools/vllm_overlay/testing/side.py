@@ -199,8 +199,8 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
         limit=RUN_LIMIT,
         hard_timeout=opts.timeout + HARD_TIMEOUT_GRACE,
     )
-    # pytest's exit 5 (no tests ran) is a result when every collected test was deselected.
-    finished = (0, 1, 5) if side.deselect else (0, 1)
+    # pytest's exit 5 (no tests ran) is a result when it collected tests and we deselected all.
+    finished = (0, 1, 5) if run.deselected else (0, 1)
     if run.returncode not in finished or run.junit is None:
         raise SuiteError(
             f"pytest on the {side.name} tree did not finish (exit code {run.returncode}, "
