@@ -129,3 +129,34 @@ def test_several_changes_may_touch_one_file_in_order():
     assert ov.all_files() == ["vllm/a.py", "tests/test_a.py", "vllm/b.py"]  # once each
     assert ov.patch_file("fix-two", "vllm/a.py") == Path("/p/overlay/fix-two/vllm/a.py.patch")
     assert ov.whole_file("fix-one", "tests/test_a.py") == Path("/p/overlay/fix-one/tests/test_a.py")
+
+
+ORIGINAL = GOOD.replace(
+    'drop_when = "vllm>=0.25.0"\n',
+    'origin_kind = "original"\ndrop_condition = "upstream saves from a CPU cache"\n',
+)
+
+
+def test_our_own_change_has_a_drop_condition_and_no_release_drops_it():
+    (c,) = parse(ORIGINAL).changes
+    assert c.origin_kind == "original" and c.drop_when == ""
+    assert c.drop_rule == "upstream saves from a CPU cache"
+    assert not c.dropped_by("vllm", "0.25.0") and not c.dropped_by("vllm", "9.0")
+
+
+def test_our_own_change_may_name_the_release_that_meets_its_condition():
+    text = ORIGINAL.replace("drop_condition", 'drop_when = "vllm>=0.40.0"\ndrop_condition')
+    (c,) = parse(text).changes
+    assert c.dropped_by("vllm", "0.40.0") and not c.dropped_by("vllm", "0.39.0")
+    assert c.drop_rule == "vllm>=0.40.0, or when upstream saves from a CPU cache"
+
+
+def test_our_own_change_without_a_drop_condition_is_refused():
+    text = ORIGINAL.replace('drop_condition = "upstream saves from a CPU cache"\n', "")
+    with pytest.raises(OverlayConfigError, match="needs `drop_condition`"):
+        parse(text)
+
+
+def test_a_backport_without_drop_when_is_refused():
+    with pytest.raises(OverlayConfigError, match=r"missing key\(s\) \['drop_when'\]"):
+        parse(GOOD.replace('drop_when = "vllm>=0.25.0"\n', ""))

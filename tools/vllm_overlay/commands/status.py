@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
                 "origin": c.origin,
                 "upstream_status": c.upstream_status,
                 "drop_when": c.drop_when,
+                "drop_condition": c.drop_condition,
+                "drop_rule": c.drop_rule,
                 "drop_now": c.dropped_by(u.name, u.version),
                 "files": [file_entry(c, f) for f in c.files],
                 "tests": list(c.tests),
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {n}. {c['id']}: {c['title']}")
         print(f"    origin {c['origin']}; upstream: {c['upstream_status']}")
         drop = " (holds now: this change should be dropped)" if c["drop_now"] else ""
-        print(f"    drop when {c['drop_when']}{drop}")
+        print(f"    drop when {c['drop_rule']}{drop}")
         for f in c["files"]:
             after = f" (on top of {', '.join(f['after'])})" if f["after"] else ""
             print(f"    {f['kind']:7} {f['path']}{after}")

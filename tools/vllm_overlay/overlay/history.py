@@ -100,7 +100,7 @@ def rewrite(
 
 CHANGE_KEYS = (
     "id", "title", "why", "origin", "origin_kind", "bugs", "authors", "upstream_status",
-    "drop_when", "files", "tests", "notes",
+    "drop_when", "drop_condition", "files", "tests", "notes",
 )  # fmt: skip
 
 

@@ -16,8 +16,10 @@ from vllm_overlay.errors import OverlayConfigError, UnsafePathError
 CONFIG_NAME = "overlay.toml"
 PATCH_SUFFIX = ".patch"
 ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-_REQUIRED = ("id", "title", "why", "origin", "upstream_status", "drop_when", "files", "tests")
-_OPTIONAL = ("origin_kind", "bugs", "supersedes", "authors", "notes")
+_REQUIRED = ("id", "title", "why", "origin", "upstream_status", "files", "tests")
+# drop_when: required for a backport; drop_condition: required for our own change ("original"),
+# whose drop_when (a release known to fix it) is optional.
+_OPTIONAL = ("drop_when", "drop_condition", "origin_kind", "bugs", "supersedes", "authors", "notes")
 _HISTORY_KEYS = ("id", "title", "origin", "dropped_in", "reason", "proof")
 
 
@@ -28,7 +30,7 @@ class Change:
     why: str
     origin: str
     upstream_status: str
-    drop_when: str  # e.g. "vllm>=0.25.0"
+    drop_when: str  # e.g. "vllm>=0.25.0"; "" for our own change no release fixes yet
     files: tuple[str, ...]
     tests: tuple[str, ...]
     origin_kind: str = "backport"
@@ -36,6 +38,14 @@ class Change:
     supersedes: tuple[str, ...] = ()
     authors: tuple[str, ...] = ()  # upstream authors of a backport ("Name <email>")
     notes: str = ""
+    drop_condition: str = ""  # the upstream condition that drops our own change, in words
+
+    @property
+    def drop_rule(self) -> str:
+        """When the change goes, as people should read it."""
+        if self.drop_when and self.drop_condition:
+            return f"{self.drop_when}, or when {self.drop_condition}"
+        return self.drop_when or self.drop_condition
 
     def drop_specifier(self) -> tuple[str, SpecifierSet]:
         """(project name, specifier) parsed from drop_when."""
@@ -43,6 +53,8 @@ class Change:
 
     def dropped_by(self, project: str, version: str) -> bool:
         """True when upstream ``project`` at ``version`` satisfies drop_when."""
+        if not self.drop_when:
+            return False
         name, spec = self.drop_specifier()
         return name == project and spec.contains(version, prereleases=True)
 
@@ -171,8 +183,8 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 f"{where}: unknown key(s) {sorted(extra)}; allowed: "
                 f"{', '.join(_REQUIRED + _OPTIONAL)}."
             )
-        for k in ("id", "title", "why", "origin", "upstream_status", "drop_when"):
-            if not isinstance(tbl[k], str) or not tbl[k].strip():
+        for k in ("id", "title", "why", "origin", "upstream_status", "drop_when", "drop_condition"):
+            if k in tbl and (not isinstance(tbl[k], str) or not tbl[k].strip()):
                 raise OverlayConfigError(f"{where}: `{k}` must be a non-empty string.")
         cid = tbl["id"]
         if not ID_RE.match(cid):
@@ -186,7 +198,6 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
             raise OverlayConfigError(
                 f"{where}: `origin` must be a URL (the upstream PR or issue), got {tbl['origin']!r}."
             )
-        parse_drop_when(tbl["drop_when"], f"{where}: `drop_when`")
         files = _str_list(tbl["files"], f"{where}: `files`")
         if not files:
             raise OverlayConfigError(
@@ -203,6 +214,19 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
         kind = tbl.get("origin_kind", "backport")
         if kind not in ("backport", "original"):
             raise OverlayConfigError(f'{where}: `origin_kind` must be "backport" or "original".')
+        if kind == "backport" and "drop_when" not in tbl:
+            raise OverlayConfigError(
+                f'{where}: missing key(s) [\'drop_when\'] (the release that ships the fix, e.g. '
+                '"vllm>=0.25.0").'
+            )
+        if kind == "original" and "drop_condition" not in tbl:
+            raise OverlayConfigError(
+                f"{where}: our own change (origin_kind = \"original\") needs `drop_condition`: "
+                "the upstream condition that drops it, in words (and `drop_when` once a release "
+                "is known to meet it)."
+            )
+        if "drop_when" in tbl:
+            parse_drop_when(tbl["drop_when"], f"{where}: `drop_when`")
         changes.append(
             Change(
                 id=cid,
@@ -210,7 +234,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 why=tbl["why"],
                 origin=tbl["origin"],
                 upstream_status=tbl["upstream_status"],
-                drop_when=tbl["drop_when"],
+                drop_when=tbl.get("drop_when", ""),
                 files=files,
                 tests=tests,
                 origin_kind=kind,
@@ -218,6 +242,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 supersedes=_str_list(tbl.get("supersedes", []), f"{where}: `supersedes`"),
                 authors=_str_list(tbl.get("authors", []), f"{where}: `authors`"),
                 notes=tbl.get("notes", ""),
+                drop_condition=tbl.get("drop_condition", ""),
             )
         )
     history = data.get("dropped", [])

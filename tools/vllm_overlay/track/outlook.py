@@ -199,6 +199,7 @@ def outlook(
             col.tests = _tests_for(series, rel, col, name, test_python)
     changes = [
         {"id": s.change.id, "title": s.change.title, "drop_when": s.change.drop_when,
+         "drop_condition": s.change.drop_condition,
          "tests": list(s.change.tests)}
         for s in series.steps
     ]  # fmt: skip

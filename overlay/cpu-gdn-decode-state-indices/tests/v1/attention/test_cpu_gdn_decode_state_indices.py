@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The CPU GDN decode passes its state indices with unit stride.
+
+Added by vllm-overlay (our own change). With a speculative config (every
+``extract_hidden_states`` run) the GDN metadata builder takes the non-spec state
+indices as column 0 of a block table with ``num_spec + 1`` columns: a view with stride
+``num_spec + 1``. A 1-token query (a 1-token prompt, the last token of a prompt whose
+prefix is cached, a 1-token prefill chunk) goes to the decode path, whose fused
+recurrent update (``fused_sigmoid_gating_delta_rule_update_cpu``) checks the last stride
+of every tensor: the engine died with "tensor must be contiguous at last dimension".
+``.contiguous()`` does not help there, because a one-element view counts as contiguous
+whatever its stride; the fix copies the indices to a dense tensor.
+
+The compiled CPU op is replaced by a recorder that makes the kernel's check (the source
+tree has no ``vllm._C``). Running on an unpatched tree: set ``VLLM_OVERLAY_TREE=pristine``;
+the tests that need the fix are then ``xfail(strict=True)``.
+"""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+
+_TREE = os.environ.get("VLLM_OVERLAY_TREE", "patched")
+if _TREE not in ("patched", "pristine"):
+    raise ValueError(
+        f"VLLM_OVERLAY_TREE={_TREE!r}: expected 'patched' (the default) or 'pristine'"
+    )
+
+needs_fix = pytest.mark.xfail(
+    _TREE == "pristine",
+    reason="needs dense GDN state indices for the CPU fused decode update",
+    strict=True,
+)
+
+pytestmark = pytest.mark.skipif(
+    torch.cpu._is_amx_tile_supported(),
+    reason="AMX machines take the compiled conv update (also a _C op)",
+)
+
+HEADS, HEAD_K, HEAD_V, WIDTH, SLOTS = 2, 8, 8, 4, 6
+DIM = 2 * HEADS * HEAD_K + HEADS * HEAD_V
+
+
+class _Layer:
+    """What the CPU GDN core reads from a Qwen3-Next linear-attention layer."""
+
+    prefix = "model.layers.0.linear_attn"
+    activation = "silu"
+
+    def __init__(self):
+        conv = torch.zeros(SLOTS, DIM, WIDTH - 1, dtype=torch.bfloat16)
+        if not is_conv_state_dim_first():
+            conv = conv.transpose(-1, -2).contiguous()
+        ssm = torch.zeros(SLOTS, HEADS, HEAD_V, HEAD_K, dtype=torch.float32)
+        self.kv_cache = [conv, ssm]
+        self.conv1d = SimpleNamespace(
+            weight=torch.ones(DIM, 1, WIDTH, dtype=torch.bfloat16), bias=None
+        )
+        self.A_log = torch.zeros(HEADS)
+        self.dt_bias = torch.zeros(HEADS)
+
+    def rearrange_mixed_qkv(self, mixed_qkv):
+        q, k, v = torch.split(
+            mixed_qkv, [HEADS * HEAD_K, HEADS * HEAD_K, HEADS * HEAD_V], dim=-1
+        )
+        n = mixed_qkv.shape[0]
+        return (
+            q.reshape(1, n, HEADS, HEAD_K).contiguous(),
+            k.reshape(1, n, HEADS, HEAD_K).contiguous(),
+            v.reshape(1, n, HEADS, HEAD_V).contiguous(),
+        )
+
+
+@pytest.fixture
+def fused_update(monkeypatch):
+    """The compiled fused recurrent update, replaced by a recorder with its checks."""
+    seen = []
+
+    def op(**kw):
+        for name, t in kw.items():
+            if isinstance(t, torch.Tensor) and t.dim() and name != "initial_state_source":
+                if t.stride(-1) != 1:
+                    raise RuntimeError(f"{name} must be contiguous at last dimension")
+        seen.append(kw["initial_state_indices"].tolist())
+        q = kw["q"]
+        return torch.zeros(1, q.shape[1], HEADS, HEAD_V, dtype=q.dtype)
+
+    monkeypatch.setattr(gdn_attention.ops, "fused_sigmoid_gating_delta_rule_update_cpu", op)
+    return seen
+
+
+def _decode_one_token(layer, monkeypatch, num_spec: int) -> None:
+    # Column 0 of a [2 requests, num_spec + 1] block table, as the metadata builder
+    # takes it; the request being decoded holds slot 3.
+    rows = [[3, 4], [5, 1]]
+    block_table = torch.tensor([r[: num_spec + 1] for r in rows], dtype=torch.int32)
+    metadata = GDNAttentionMetadata(
+        num_prefills=0,
+        num_prefill_tokens=0,
+        num_decodes=1,
+        num_decode_tokens=1,
+        num_spec_decodes=0,
+        num_spec_decode_tokens=0,
+        num_actual_tokens=1,
+        non_spec_query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        non_spec_state_indices_tensor=block_table[:, 0],
+    )
+    context = SimpleNamespace(
+        no_compile_layers={layer.prefix: layer}, attn_metadata={layer.prefix: metadata}
+    )
+    monkeypatch.setattr(gdn_attention, "get_forward_context", lambda: context)
+    core_out = torch.empty(1, HEADS, HEAD_V, dtype=torch.bfloat16)
+    gdn_attention.cpu_gdn_attention_core(
+        torch.randn(1, DIM, dtype=torch.bfloat16),
+        torch.randn(1, HEADS, dtype=torch.bfloat16),
+        torch.randn(1, HEADS, dtype=torch.bfloat16),
+        core_out,
+        layer.prefix,
+    )
+
+
+@needs_fix
+def test_one_token_query_with_a_speculative_config(monkeypatch, fused_update):
+    _decode_one_token(_Layer(), monkeypatch, num_spec=1)
+    assert fused_update == [[3]]
+
+
+def test_one_token_query_without_speculation(monkeypatch, fused_update):
+    _decode_one_token(_Layer(), monkeypatch, num_spec=0)
+    assert fused_update == [[3]]
