@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from isolation import REAL_HOME, isolate  # noqa: E402,F401
 from synthetic import ADDED_TEST, CONNECTOR, IndexServer, Upstream, make_upstream, release_files  # noqa: E402
 from vllm_overlay.main import main  # noqa: E402
 
 # Fixtures shared by unit and integration tests.
 pytest_plugins = ["fixtures_publish", "fixtures_build"]
-
-REAL_HOME = os.environ.get("HOME", "/root")
-
 
 def pytest_addoption(parser):
     parser.addoption(
@@ -49,27 +47,8 @@ def isolated_env(tmp_path_factory, monkeypatch, request):
     artifacts are downloaded once per machine.
     """
     network = request.node.get_closest_marker("network") is not None
-    _isolate(monkeypatch, tmp_path_factory, network)
+    isolate(monkeypatch, tmp_path_factory, network)
     yield
-
-
-def _isolate(monkeypatch, tmp_path_factory, network: bool) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
-    if network:
-        cache = os.environ.get("VLLM_OVERLAY_CACHE") or os.path.join(
-            REAL_HOME, ".cache", "vllm-overlay"
-        )
-        monkeypatch.setenv("VLLM_OVERLAY_CACHE", cache)
-    else:
-        monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(tmp_path_factory.mktemp("cache")))
-    monkeypatch.delenv("VLLM_OVERLAY_PROJECT", raising=False)
-    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
-    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
-    for k in list(os.environ):
-        if k.startswith("GIT_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +62,7 @@ def real_tree(tmp_path_factory) -> Path:
     from vllm_overlay.pin.lockfile import read_lock
 
     with pytest.MonkeyPatch.context() as mp:
-        _isolate(mp, tmp_path_factory, network=True)
+        isolate(mp, tmp_path_factory, network=True)
         dest = tmp_path_factory.mktemp("real-tree") / "vllm"
         return apply_overlay(read_lock(REPO / "upstream.lock"), None, dest).checkout
 
@@ -96,7 +75,7 @@ def real_testenv(real_tree, tmp_path_factory):
     from vllm_overlay.testing.testenv import ensure_testenv
 
     with pytest.MonkeyPatch.context() as mp:
-        _isolate(mp, tmp_path_factory, network=True)
+        isolate(mp, tmp_path_factory, network=True)
         mp.setenv("VLLM_OVERLAY_PROJECT", str(REPO))  # its constraints/ pin the set
         return ensure_testenv(real_tree)
 

@@ -41,14 +41,12 @@ def make_tree(root: Path, common: str = COMMON, **extra: str) -> Path:
 def fake_build(calls: list[str]):
     """A stand-in for testenv._build: writes what a complete environment has, no pip."""
 
-    def build(rec: testenv.Recipe, staging: Path) -> str:
+    def build(rec: testenv.Recipe, staging: Path) -> dict:
         calls.append(rec.hash)
         python = staging / testenv.VENV / "bin" / "python"
         python.parent.mkdir(parents=True)
         python.write_text("")
-        marker = {"recipe_hash": rec.hash, "torch_version": "2.13.0+cpu"}
-        (staging / testenv.MARKER).write_text(json.dumps(marker))
-        return "2.13.0+cpu"
+        return {"recipe_hash": rec.hash, "torch_version": "2.13.0+cpu"}
 
     return build
 

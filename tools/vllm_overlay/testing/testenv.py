@@ -30,9 +30,8 @@ What else goes in
   cache every such test fails, and without offline mode each spends ~23 s in DNS retries.
 
 Everything that decides the environment is in ``Recipe``; its hash names the directory.
-The build happens in a temporary sibling directory that is renamed into place once
-complete (a marker file, written last, proves it), under an exclusive lock; a failed build
-leaves nothing behind.
+It is built and cached by ``envbuild.ensure`` (aside, under a lock, renamed into place with
+a marker written last), the one builder the engine environment (``enginenv``) uses too.
 """
 
 from __future__ import annotations
@@ -43,7 +42,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,8 +50,9 @@ from packaging.utils import canonicalize_name
 
 from vllm_overlay import util
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.testing import installer
+from vllm_overlay.testing import envbuild, installer
 from vllm_overlay.testing.childenv import clean_environ, scratch_environ
+from vllm_overlay.testing.envbuild import MARKER, VENV, root  # noqa: F401 (re-exported)
 
 # Bump when the layout of the environment or the way it is built changes.
 FORMAT = 2  # 2: built with uv where installed; pinned by constraints/
@@ -140,10 +139,8 @@ HF_MODELS = (
     ),
 )
 
-MARKER = "testenv.json"
 FREEZE = "freeze.txt"
 CONSTRAINTS_DIR = "constraints"
-VENV = "venv"
 HF_HOME = "hf"
 
 
@@ -320,26 +317,19 @@ def recipe(tree: Path, *, pinned: bool = True) -> Recipe:
     )
 
 
-def root() -> Path:
-    """Where test environments live."""
-    return util.cache_dir() / "testenv"
-
-
 def lock_path(rec: Recipe) -> Path:
     """One lock per recipe: builds of different environments do not wait for each other."""
-    return root() / "locks" / f"{rec.hash}.lock"
+    return envbuild.lock_path(rec.hash)
 
 
 def load(path: Path) -> TestEnv | None:
     """The complete environment at ``path``, or None when absent or unfinished."""
+    marker = envbuild.read_marker(path)
     try:
-        marker = json.loads((path / MARKER).read_text())
         recipe_hash, torch_version = marker["recipe_hash"], marker["torch_version"]
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
     python = path / VENV / "bin" / "python"
-    if not python.exists():
-        return None
     return TestEnv(path=path, python=python, recipe_hash=recipe_hash, torch_version=torch_version)
 
 
@@ -353,32 +343,17 @@ def ensure_testenv(tree: Path, *, rebuild: bool = False, pinned: bool = True) ->
     """
     rec = recipe(tree, pinned=pinned)
     final = root() / rec.hash
-    if not rebuild:
-        existing = load(final)
-        if existing is not None:
-            return existing
-    with util.exclusive_lock(lock_path(rec), f"the test environment {rec.hash}"):
-        if not rebuild:
-            existing = load(final)  # another process may have finished it meanwhile
-            if existing is not None:
-                return existing
-        for stale in [*root().glob(f"{rec.hash}.build-*"), root() / f"{rec.hash}.old"]:
-            shutil.rmtree(stale, ignore_errors=True)  # left by a killed build
-        staging = Path(tempfile.mkdtemp(prefix=f"{rec.hash}.build-", dir=root()))
-        try:
-            torch_version = _build(rec, staging)
-            if final.exists():
-                old = final.with_name(f"{rec.hash}.old")
-                os.replace(final, old)
-                shutil.rmtree(old)
-            os.replace(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+    existing = None if rebuild else load(final)
+    if existing is not None:
+        return existing
+    envbuild.ensure(
+        rec.hash, f"the test environment {rec.hash}", lambda staging: _build(rec, staging),
+        rebuild=rebuild,
+    )  # fmt: skip
     env = load(final)
     if env is None:  # pragma: no cover - the marker was just written
         raise OverlayError(f"the test environment at {final} is incomplete; run it again")
-    util.info(f"testenv: ready at {final} (torch {torch_version})")
+    util.info(f"testenv: ready at {final} (torch {env.torch_version})")
     return env
 
 
@@ -395,8 +370,8 @@ def _python_for(version: str) -> str:
     return found
 
 
-def _build(rec: Recipe, staging: Path) -> str:
-    """Build the environment of ``rec`` in ``staging``; returns the installed torch version."""
+def _build(rec: Recipe, staging: Path) -> dict:
+    """Build the environment of ``rec`` in ``staging``; returns its marker."""
     started = time.monotonic()
     inst = installer.installer()
     how = "uv, half a minute" if inst.uv else "pip, a minute or two"
@@ -447,16 +422,13 @@ def _build(rec: Recipe, staging: Path) -> str:
 
     util.atomic_write_text(staging / "recipe.json", rec.to_json())
     seconds = round(time.monotonic() - started, 1)
-    marker = {
+    util.info(f"testenv: built in {seconds} s with {inst.name}")
+    return {
         "recipe_hash": rec.hash,
         "torch_version": torch_version,
         "build_seconds": seconds,
         "installer": inst.name,
     }
-    # Written last: its presence means the environment is complete.
-    util.atomic_write_text(staging / MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n")
-    util.info(f"testenv: built in {seconds} s with {inst.name}")
-    return torch_version
 
 
 def freeze_constraints(env: TestEnv, rec: Recipe) -> str:

