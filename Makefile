@@ -37,7 +37,8 @@ help:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(INSTALLER),uv)
-	$(VENV)/bin/python -m pip install -q -c constraints.txt uv
+# packaging too: the installer module below (pip's indexes as uv options) imports it.
+	$(VENV)/bin/python -m pip install -q -c constraints.txt uv packaging
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -c constraints.txt \
 	    $$(PYTHONPATH=tools $(VENV)/bin/python -m vllm_overlay.testing.installer) -e '.[test]' \
 	  || $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
