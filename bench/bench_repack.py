@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     project = Project(args.project.resolve())
     plan = plan_build(project, BuildOptions(strategy="repack", index_url=args.index_url))
     assert plan.official is not None
-    official = ensure_artifact(
-        plan.official, project=plan.lock.upstream.name, index_url=args.index_url
-    )
+    official = ensure_artifact(plan.official, index_url=args.index_url)
     replace = {f.path: f.content for f in plan.files if f.in_wheel and f.kind == "patch"}
     add = {f.path: f.content for f in plan.files if f.in_wheel and f.kind == "added"}
     inp = RepackInput(

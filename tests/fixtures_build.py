@@ -62,12 +62,12 @@ def rewrite_wheel(src: Path, dest: Path, *, drop=(), replace=None) -> Path:
     return dest
 
 
-def pin_official_wheel(root: Path, wheel: Path) -> Artifact:
-    """Point the project's lock at ``wheel`` (same file name) and put it in the cache, as
-    if the index had served it."""
+def pin_official_wheel(root: Path, wheel: Path, project: str = "vllm") -> Artifact:
+    """Point the project's lock at ``wheel`` (same file name; a wheel of ``project``) and put
+    it in the cache, as if the index had served it."""
     lock = read_lock(root / "upstream.lock")
     data = wheel.read_bytes()
-    art = Artifact("wheel", wheel.name, hashlib.sha256(data).hexdigest(), len(data))
+    art = Artifact("wheel", wheel.name, hashlib.sha256(data).hexdigest(), len(data), project)
     others = tuple(a for a in lock.artifacts if a.filename != wheel.name)
     write_lock(root / "upstream.lock", type(lock)(lock.upstream, (*others, art), lock.base))
     dest = cached_path(art)

@@ -159,7 +159,7 @@ def _files(*paths: tuple[str, str]) -> tuple[list[ChangedFile], dict[str, str]]:
     return files, {f.path: classify(f.path, "vllm", added=f.kind == "added") for f in files}
 
 
-WHEEL = Artifact("wheel", "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl", "0" * 64, 1)
+WHEEL = Artifact("wheel", "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl", "0" * 64, 1, "vllm")
 
 
 def test_classify_paths():

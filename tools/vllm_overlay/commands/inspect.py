@@ -84,8 +84,8 @@ def _diff(wheel: Path, doc: dict[str, Any], index_url: str | None) -> list[str]:
     bw = doc.get("base_wheel")
     if not bw:
         return ["(no official wheel: this wheel was built from source)"]
-    art = Artifact("wheel", bw["filename"], bw["sha256"], bw["size"])
-    official = ensure_artifact(art, project=doc["name"], index_url=index_url)
+    art = Artifact("wheel", bw["filename"], bw["sha256"], bw["size"], doc["name"])
+    official = ensure_artifact(art, index_url=index_url)
     return [f"members against {bw['filename']}:", *member_diff(official, wheel).lines()]
 
 

@@ -386,7 +386,7 @@ def check_official_files(official: OfficialWheel, p: BuildPlan) -> None:
 
 def _repack(p: BuildPlan, opts: BuildOptions, out_dir: Path) -> tuple[Path, Path]:
     assert p.official is not None
-    official = ensure_artifact(p.official, project=p.lock.upstream.name, index_url=opts.index_url)
+    official = ensure_artifact(p.official, index_url=opts.index_url)
     wheel = read_official(official)
     check_official_files(wheel, p)
     inp = RepackInput(
@@ -447,9 +447,7 @@ def _setup_build(
     official_path = None
     official_meta = None
     if p.official is not None and p.choice.strategy == "precompiled":
-        official_path = ensure_artifact(
-            p.official, project=p.lock.upstream.name, index_url=opts.index_url
-        )
+        official_path = ensure_artifact(p.official, index_url=opts.index_url)
         ow = read_official(official_path)
         official_meta = ow.read(f"{ow.dist_info}/METADATA")
     tree = build_tree(p, opts)
@@ -551,7 +549,7 @@ def expectation_for(
     if bw:
         pinned = [a for a in lock.wheels() if a.filename == bw["filename"]]
         if pinned and pinned[0].sha256 == bw["sha256"]:
-            official = ensure_artifact(pinned[0], project=lock.upstream.name, index_url=index_url)
+            official = ensure_artifact(pinned[0], index_url=index_url)
     return Expectation(
         files=files,
         overlay_digest=overlay_digest(overlay.dir),
