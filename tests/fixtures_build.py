@@ -16,8 +16,11 @@ from vllm_overlay.wheel.metadata import version_py_version
 WHEEL_RE = r"vllm-1\.0\.0\+ovl\.(\d+)\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
 
 
-def build_args(project, out: Path, *extra: str) -> list[str]:
-    return ["build", "--out", str(out), "--index-url", project.index.url, *extra]
+def build_args(project, out: Path, *extra: str, variant: str | None = "vllm") -> list[str]:
+    """`build` into ``out``: vllm's own wheel (for x86_64, the one the synthetic upstream
+    has) unless ``variant`` says another (None: every pinned variant and platform)."""
+    chosen = ["--variant", variant] if variant else []
+    return ["build", "--out", str(out), "--index-url", project.index.url, *chosen, *extra]
 
 
 def last_line(text: str) -> str:

@@ -85,8 +85,13 @@ def patched_files(project: Path) -> dict[str, bytes]:
     return {path: data for pc in plan(lock, overlay, repo, base) for path, data in pc.files.items()}
 
 
-def build(cli, project: Path, out: Path, *extra: str) -> Path:
-    res = cli("build", "--out", str(out), *extra, cwd=project)
+X86 = "manylinux_2_28_x86_64"
+
+
+def build(cli, project: Path, out: Path, *extra: str, variant: str = "vllm") -> Path:
+    """One wheel: ``variant`` for x86_64."""
+    res = cli("build", "--out", str(out), "--variant", variant, "--platform", X86, *extra,
+              cwd=project)  # fmt: skip
     assert res.rc == 0, res.err
     return Path(last_line(res.out))
 
@@ -163,7 +168,7 @@ def test_real_precompiled_refuses_a_cpu_torch(
 ):
     monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None)))
     res = cli(
-        "build", "--out", str(tmp_path / "dist"), "--strategy", "precompiled",
+        "build", "--out", str(tmp_path / "dist"), "--strategy", "precompiled", "--variant", "vllm",
         "--python", build_python, cwd=real_project,
     )  # fmt: skip
     assert res.rc == 1
