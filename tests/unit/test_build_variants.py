@@ -235,3 +235,40 @@ def test_verify_and_inspect_a_vllm_cpu_wheel(project, cli, tmp_path):
     inst = cli("inspect", "--installed", "--path", str(target), "--json", cwd=project.root)
     assert inst.rc == 0, inst.err
     assert json.loads(inst.out)["project"] == "vllm-cpu"
+
+
+def test_publish_serves_both_projects_side_by_side(project, cli, tmp_path, monkeypatch):
+    """The built vllm and vllm-cpu wheels in one static index: a page per project, each
+    listing only its own wheels, read back through the tool's own index client; published
+    again to a server that has them, each is found on its own project's page and skipped."""
+    from synthetic import IndexServer
+    from vllm_overlay.index.client import IndexClient
+
+    _, paths = build_all(project, cli, tmp_path / "dist", "--platform", X86)  # vllm's, vllm-cpu's
+    index = tmp_path / "index"
+    res = cli("publish", *paths, "--to", index, "--json", cwd=project.root)
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)
+    assert [(f["project"], f["action"]) for f in doc["files"]] == [
+        ("vllm", "published"),
+        ("vllm-cpu", "published"),
+    ]
+    root = json.loads((index / "simple" / "index.json").read_text())
+    assert root["projects"] == [{"name": "vllm"}, {"name": "vllm-cpu"}]
+    client = IndexClient()
+    simple = (index / "simple").as_uri()
+    for project_name, wheels in (("vllm", paths[:1]), ("vllm-cpu", paths[1:])):
+        listed = {f.filename: f.sha256 for f in client.list_files(project_name, simple)}
+        assert listed == {p.name: sha(p) for p in wheels}
+
+    monkeypatch.setenv("VLLM_OVERLAY_INDEX_USERNAME", "ci")
+    monkeypatch.setenv("VLLM_OVERLAY_INDEX_PASSWORD", "secret")
+    served = tmp_path / "served"
+    served.mkdir()
+    for p in paths:
+        (served / p.name).write_bytes(p.read_bytes())
+    with IndexServer(served) as srv:
+        res = cli("publish", *paths, "--to", srv.root, "--simple-url", srv.url, cwd=project.root)
+        assert res.rc == 0, res.err
+        assert "0 published, 2 skipped" in res.out
+        assert {"/simple/vllm/", "/simple/vllm-cpu/"} <= set(srv.requests)
