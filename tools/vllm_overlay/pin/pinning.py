@@ -63,6 +63,7 @@ class LockPlan:
     lock: Lock
     notes: list[str] = field(default_factory=list)
     sdist_commit: str | None = None  # the (abbreviated) commit the sdist records
+    variant_notes: list[str] = field(default_factory=list)  # what variant builds it lacks
 
     @property
     def commit_resolved(self) -> bool:
@@ -137,7 +138,6 @@ def variant_wheels(
                 f"{variant} {version}: no build for {', '.join(missing)} ({name} has one); the "
                 f"lock pins {variant} for {', '.join(have)} only"
             )
-        notes.append(f"{variant} {version}: pinned {len(found)} wheel(s) ({', '.join(have)})")
         arts += found
     return arts, notes
 
@@ -211,7 +211,7 @@ def compute_lock(
         artifacts=tuple(arts),
         base=base_map,
     )
-    return LockPlan(lock=lock, notes=notes, sdist_commit=abbrev)
+    return LockPlan(lock=lock, notes=notes, sdist_commit=abbrev, variant_notes=variant_notes)
 
 
 def check_lock(lock: Lock, paths: Sequence[str], *, index_url: str | None = None) -> list[str]:
