@@ -286,10 +286,12 @@ def build(project: Project, opts: BuildOptions) -> BuildResult:
         for p in plans
         if done[p.key] is None and p.choice.strategy == "repack"
     }
-    wheels = []
+    wheels: list[WheelBuild] = []
     for n, p in enumerate(plans, 1):
         count = f"[{n}/{len(plans)}] " if len(plans) > 1 else ""
         info(f"{count}building {p.target.variant} for {p.target.platform}")
+        same = n > 1 and plans[n - 2].choice == p.choice
+        info(f"strategy: {p.choice.strategy} ({'as above' if same else p.choice.reason})")
         wheels.append(_build_one(project, p, opts, out, done[p.key], officials.get(p.key)))
     return BuildResult(wheels, seconds=time.monotonic() - started)
 
@@ -334,7 +336,6 @@ def _build_one(
     official: OfficialWheel | None,
 ) -> WheelBuild:
     started = time.monotonic()
-    info(f"strategy: {p.choice.strategy} ({p.choice.reason})")
     result = WheelBuild(p.target, None, p.choice.strategy, p.choice.reason, p.version)
     if done is not None:
         result.path, result.up_to_date = done, True
