@@ -203,7 +203,7 @@ def test_vllm_and_vllm_cpu_side_by_side_in_a_static_index_and_pypiserver(
     """Both projects of one overlay build, as `make build-wheel` makes them: uv and pip
     resolve `vllm-cpu==V` to the CPU wheel and `vllm==V` to the CUDA one, from a static index
     and from pypiserver."""
-    version = "0.24.0+ovl.30.a"
+    version = "0.22.0+ovl.50.a"  # a release no other test publishes to the module's server
     cuda = make_wheel(wheels, version=version, tag=REAL_TAG)
     cpu = make_wheel(wheels, name="vllm-cpu", version=version, tag=REAL_TAG)
     assert cpu.name == f"vllm_cpu-{version}-{REAL_TAG}.whl"
