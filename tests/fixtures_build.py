@@ -16,8 +16,11 @@ from vllm_overlay.wheel.metadata import version_py_version
 WHEEL_RE = r"vllm-1\.0\.0\+ovl\.(\d+)\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
 
 
-def build_args(project, out: Path, *extra: str) -> list[str]:
-    return ["build", "--out", str(out), "--index-url", project.index.url, *extra]
+def build_args(project, out: Path, *extra: str, variant: str | None = "vllm") -> list[str]:
+    """`build` into ``out``: vllm's own wheel (for x86_64, the one the synthetic upstream
+    has) unless ``variant`` says another (None: every pinned variant and platform)."""
+    chosen = ["--variant", variant] if variant else []
+    return ["build", "--out", str(out), "--index-url", project.index.url, *chosen, *extra]
 
 
 def last_line(text: str) -> str:
@@ -62,12 +65,12 @@ def rewrite_wheel(src: Path, dest: Path, *, drop=(), replace=None) -> Path:
     return dest
 
 
-def pin_official_wheel(root: Path, wheel: Path) -> Artifact:
-    """Point the project's lock at ``wheel`` (same file name) and put it in the cache, as
-    if the index had served it."""
+def pin_official_wheel(root: Path, wheel: Path, project: str = "vllm") -> Artifact:
+    """Point the project's lock at ``wheel`` (same file name; a wheel of ``project``) and put
+    it in the cache, as if the index had served it."""
     lock = read_lock(root / "upstream.lock")
     data = wheel.read_bytes()
-    art = Artifact("wheel", wheel.name, hashlib.sha256(data).hexdigest(), len(data))
+    art = Artifact("wheel", wheel.name, hashlib.sha256(data).hexdigest(), len(data), project)
     others = tuple(a for a in lock.artifacts if a.filename != wheel.name)
     write_lock(root / "upstream.lock", type(lock)(lock.upstream, (*others, art), lock.base))
     dest = cached_path(art)

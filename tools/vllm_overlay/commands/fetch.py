@@ -42,8 +42,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.wheels:
         for a in lock.wheels():
-            print(
-                f"{a.filename}: {ensure_artifact(a, project=lock.upstream.name, index_url=args.index_url)}"
-            )
+            print(f"{a.filename}: {ensure_artifact(a, index_url=args.index_url)}")
     print(f"{lock.upstream.name} {lock.upstream.version} ({args.source}) base {base}")
     return 0

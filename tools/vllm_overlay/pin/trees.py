@@ -73,7 +73,7 @@ def sdist_repo(lock: Lock, *, index_url: str | None = None) -> tuple[Path, str]:
         base = rev_parse(final, BASE_REF)
         if base:
             return final, base
-    sdist = ensure_artifact(art, project=lock.upstream.name, index_url=index_url)
+    sdist = ensure_artifact(art, index_url=index_url)
     root.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(
         cache_dir() / "locks" / f"tree-{art.sha256}.lock", f"the tree of {art.filename}"

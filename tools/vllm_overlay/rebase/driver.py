@@ -98,6 +98,7 @@ def start(
             order=[c.id for c in overlay.changes],
             commit_known=lock_plan.commit_resolved,
             sdist_commit=lock_plan.sdist_commit,
+            pin_notes=lock_plan.variant_notes,
         )
         if paths.dir.exists():
             shutil.rmtree(paths.dir)  # a leftover without state.json: nothing to resume

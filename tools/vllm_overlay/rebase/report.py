@@ -39,10 +39,18 @@ def report(ctx: Ctx) -> dict:
             "commit": u.commit if st.commit_known else None,
             "sdist_commit": st.sdist_commit,
             "artifacts": [
-                {"kind": a.kind, "filename": a.filename, "sha256": a.sha256, "size": a.size}
+                {
+                    "kind": a.kind,
+                    "project": a.project,
+                    "filename": a.filename,
+                    "sha256": a.sha256,
+                    "size": a.size,
+                }
                 for a in ctx.new_lock.artifacts
-            ],
+            ],  # fmt: skip
+            "variants": {v: ctx.new_lock.platforms(v) for v in ctx.new_lock.variants()},
         },
+        "notes": list(st.pin_notes),
         "checkout": st.checkout.path,
         "changes": changes,
         "kept": by[KEPT],

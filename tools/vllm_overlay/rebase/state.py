@@ -104,6 +104,7 @@ class State:
     pending: dict | None = None  # the stop, when stopped
     commit_known: bool = True  # False: the new tag's full commit is still to be given
     sdist_commit: str | None = None  # the abbreviated commit the new sdist records
+    pin_notes: list[str] = field(default_factory=list)  # e.g. a variant the release lacks
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

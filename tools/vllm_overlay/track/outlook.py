@@ -56,7 +56,7 @@ def load_series(project: Project, index_url: str | None = None) -> Series:
     check_consistency(lock, overlay)
     paths = overlay.all_files()
     art = lock.sdist()
-    sdist = ensure_artifact(art, project=lock.upstream.name, index_url=index_url)
+    sdist = ensure_artifact(art, index_url=index_url)
     pin = MemberCache().get(sdist, art.sha256, paths)
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-series-") as tmp:
         # A tiny repository of the touched files at the pin: the overlay's own plan reads them.
@@ -164,7 +164,7 @@ def outlook(
     members = MemberCache()
 
     def one(rel: Release) -> Column:
-        art = rel.artifact()
+        art = rel.artifact(name)
         key = sha256_bytes(f"{series.digest}\0{art.sha256}\0{rel.version}".encode())
         cached = _results_dir() / f"{key}.json"
         col = None
@@ -214,7 +214,7 @@ def _tests_for(
     series: Series, rel: Release, col: Column, name: str, test_python: str | None
 ) -> dict[str, dict]:
     """Each change's tests on the release (cached with the column, per runner)."""
-    art = rel.artifact()
+    art = rel.artifact(name)
     key = sha256_bytes(
         f"{series.digest}\0{art.sha256}\0{rel.version}\0tests\0{test_python or ''}".encode()
     )

@@ -51,14 +51,17 @@ class Release:
             return "its sdist is yanked on the index"
         return ""
 
-    def artifact(self) -> Artifact:
+    def artifact(self, project: str) -> Artifact:
+        """The sdist as an artifact of ``project`` (the upstream's name)."""
         assert self.sdist is not None
         if not self.sdist.sha256:
             raise IntegrityError(
                 f"the index publishes no sha256 for {self.sdist.filename}; the outlook reads only "
                 "sdists it can verify. Use an index that publishes hashes (PEP 503/691)."
             )
-        return Artifact("sdist", self.sdist.filename, self.sdist.sha256, self.sdist.size or 0)
+        return Artifact(
+            "sdist", self.sdist.filename, self.sdist.sha256, self.sdist.size or 0, project
+        )
 
 
 def _final(v: str) -> Version | None:
@@ -150,8 +153,7 @@ def ensure_sdist(rel: Release, name: str) -> Path:
     sha256 the index publishes (a mismatch is refused, nothing is cached)."""
     assert rel.sdist is not None
     return ensure_artifact(
-        rel.artifact(),
-        project=name,
+        rel.artifact(name),
         entry=rel.sdist,
         verify_cached=False,
         mismatch=(

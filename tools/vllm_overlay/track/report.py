@@ -42,7 +42,9 @@ def markdown(rep: dict) -> str:
         for a in to.get("artifacts", []):
             if a["kind"] == "sdist":
                 out.append(f"- sdist: `{a['filename']}` sha256 `{a['sha256']}`")
-    for n in rep.get("notes", []):
+        for variant, platforms in to.get("variants", {}).items():
+            out.append(f"- {variant} wheels: {', '.join(platforms)}")
+    for n in [*rep.get("notes", []), *r.get("notes", [])]:
         out.append(f"- note: {n}")
     for p in rep.get("uncommitted", []):
         out.append(f"- note: `{p}` had uncommitted edits in the project; this run used HEAD")

