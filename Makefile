@@ -19,22 +19,25 @@ SUITE_ARGS ?=
 INSTALLER ?= uv
 TRACK_REPORT_DIR ?= .work/track
 
-.PHONY: help venv build-wheel test test-unit test-upstream test-releases lint apply fetch \
-        edit export check-overlay status publish rebase outlook track bench bench-coldstart clean
+.PHONY: help venv build-wheel test test-unit test-engine test-upstream test-releases lint apply \
+        fetch edit export check-overlay status publish rebase outlook track bench bench-engine \
+        bench-coldstart clean
 
 help:
 	@echo "make build-wheel [VARIANTS=…] [PLATFORMS=…]  build and verify dist/vllm{,_cpu}-<release>+<overlay>-….whl: every pinned variant and platform"
 	@echo "make test           lint, overlay checks, and the tool's tests (network-marked ones too)"
 	@echo "make test-unit      the unit tests alone (tests/unit: no network, no real installers)"
+	@echo "make test-engine [ENGINE_DEVICE=cpu|cuda]  vLLM itself from our built wheel (tests/engine)"
 	@echo "make test-upstream [SUITE_ARGS=…]  vLLM's kv_connector suite: patched vs pristine"
 	@echo "make apply          the patched checkout in .work/vllm"
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
-	@echo "make test-releases  real rebases to 0.28.0, 0.31.0, 0.33.0 and track to 0.33.0 (not in CI)"
+	@echo "make test-releases  real rebases to 0.28.0 and 0.33.0 and track to 0.33.0 (not in CI)"
 	@echo "make outlook        every change against every newer vLLM release (the matrix)"
 	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
 	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"
+	@echo "make bench-engine   engine start and extraction tokens/s: ours against the wheel without our changes"
 	@echo "make bench-coldstart [BENCH_ARGS=--phases=…]  cold start on a fresh clone: pip vs uv"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -62,7 +65,13 @@ test: lint check-overlay
 test-unit: $(STAMP)
 	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
-# Real rebases to 0.28.0, 0.31.0 and 0.33.0, and track to 0.33.0: minutes each (a test
+# The engine tests (part of `make test`): our CPU wheel built, installed in its engine
+# environment, and run as users run it, against what the model computes (docs/engine.md).
+ENGINE_DEVICE ?= cpu
+test-engine: $(STAMP)
+	$(VENV)/bin/python -m pytest tests/engine --engine-device $(ENGINE_DEVICE) $(PYTEST_ARGS)
+
+# Real rebases to 0.28.0 and 0.33.0, and track to 0.33.0: minutes each (a test
 # environment per release); not in CI. See the README.
 test-releases: $(STAMP)
 	$(VENV)/bin/python -m pytest --releases -m releases $(PYTEST_ARGS)
@@ -114,6 +123,9 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/bench_repack.py
 	$(VENV)/bin/python bench/bench_git.py
 	$(VENV)/bin/python bench/bench_outlook.py
+
+bench-engine: $(STAMP)
+	$(VENV)/bin/python bench/bench_engine.py $(BENCH_ARGS)
 
 # Fresh clone, empty caches, pip beside uv; minutes per phase (see --help for --phases).
 bench-coldstart: $(STAMP)

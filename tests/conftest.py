@@ -21,6 +21,7 @@ from vllm_overlay.main import main  # noqa: E402
 # Fixtures shared by unit and integration tests.
 pytest_plugins = ["fixtures_publish", "fixtures_build"]
 
+
 def pytest_addoption(parser):
     parser.addoption(
         "--releases",

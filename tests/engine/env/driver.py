@@ -5,7 +5,8 @@ multiprocess engine: EngineCore and its worker in their own processes, as ``vllm
 runs them) with ``extract_hidden_states`` and ExampleHiddenStatesConnector, runs the spec's
 cases one after another, shuts the engine down, then checks every saved file against
 
-- the reference: Transformers' ``output_hidden_states`` for the same weights and token ids,
+- the reference (a row is right within ``tolerance``, its relative L2 error):
+  Transformers' ``output_hidden_states`` for the same weights and token ids,
   computed in float32 from the bf16 weights. For layer k < num_layers that is
   ``hidden_states[k]``; Transformers applies the final norm to its last entry, so for k =
   num_layers (the last layer, which vLLM saves before the norm) it is the last decoder
@@ -21,9 +22,10 @@ recorded as such, with the exception; its log is the driver's stderr.
 
 Case kinds: ``generate`` (one ``LLM.generate`` call over ``prompts``; ``collector`` reads
 each file with the module's ``load_hidden_states`` and removes it with
-``cleanup_hidden_states``, as an offline collector does) and ``abort`` (a long prompt and
+``cleanup_hidden_states``, as an offline collector does), ``abort`` (a long prompt and
 a short one added to the engine, the short one aborted at once while it still waits, then
-the engine stepped until idle; a ``generate`` of ``then`` follows when it survived).
+the engine stepped until idle; a ``generate`` of ``then`` follows when it survived) and
+``bench`` (bench/bench_engine.py: ``rounds`` timed extractions of ``prompts``).
 """
 
 from __future__ import annotations
@@ -66,10 +68,8 @@ def run(spec: dict, result: dict) -> None:
     for case in spec["cases"]:
         t0 = time.monotonic()
         try:
-            if case["kind"] == "generate":
-                out = generate(llm, case, saved)
-            else:
-                out = abort_waiting(llm, case, saved)
+            run_case = {"generate": generate, "abort": abort_waiting, "bench": bench}
+            out = run_case[case["kind"]](llm, case, saved)
         except Exception as e:
             result["died"] = {"case": case["name"], "error": f"{type(e).__name__}: {e}"}
             traceback.print_exc()
@@ -173,6 +173,28 @@ def abort_waiting(llm, case: dict, saved: Path) -> dict:
     return out
 
 
+def bench(llm, case: dict, saved: Path) -> dict:
+    """``rounds`` times: extract ``prompts`` (one generate, then every file read with
+    load_hidden_states and removed, as a collector does); the seconds of each round."""
+    from vllm import SamplingParams
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        cleanup_hidden_states,
+        load_hidden_states,
+    )
+
+    prompts, rounds = _prompts(case["prompts"]), []
+    tokens = sum(len(p) for p in case["prompts"])
+    for _ in range(case["rounds"]):
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=1), use_tqdm=False)
+        for out in outputs:
+            path = out.kv_transfer_params["hidden_states_path"]
+            load_hidden_states(path)
+            cleanup_hidden_states(path)
+        rounds.append(round(time.perf_counter() - t0, 4))
+    return {"tokens": tokens, "rounds": rounds}
+
+
 # -- checks -------------------------------------------------------------------------------
 
 
@@ -189,7 +211,7 @@ def check(spec: dict, result: dict, saved: Path) -> None:
     probe = Probe(Path(spec["probe"])) if spec.get("probe") else None
     prompts = {r["request_id"]: r["prompt"] for r in requests}
     for r in requests:
-        r["checks"] = check_one(r, reference, probe, prompts)
+        r["checks"] = check_one(r, reference, probe, prompts, spec["tolerance"])
     result["worst"] = worst(requests)
 
 
@@ -260,7 +282,11 @@ class Probe:
 
 
 def check_one(
-    r: dict, reference: Reference, probe: Probe | None, prompts: dict[str, list[int]]
+    r: dict,
+    reference: Reference,
+    probe: Probe | None,
+    prompts: dict[str, list[int]],
+    tolerance: float,
 ) -> dict:
     import torch
     from safetensors.torch import load_file
@@ -284,6 +310,7 @@ def check_one(
                 "rows": int(got.shape[0]),
                 "zero_rows": int((got.abs().sum(dim=-1) == 0).sum()),
                 "nan_rows": int((~finite).sum()),
+                "right_rows": int((finite & (err <= tolerance)).sum()),
                 "max_rel_err": float(err.max()) if bool(finite.all()) else float("inf"),
                 "mean_rel_err": float(err[finite].mean()) if bool(finite.any()) else None,
             }
@@ -306,6 +333,7 @@ def worst(requests: list[dict]) -> dict:
         "max_rel_err": max(lay["max_rel_err"] for lay in layers),
         "zero_rows": sum(lay["zero_rows"] for lay in layers),
         "nan_rows": sum(lay["nan_rows"] for lay in layers),
+        "right_rows": sum(lay["right_rows"] for lay in layers),
         "rows": sum(lay["rows"] for lay in layers),
     }
 

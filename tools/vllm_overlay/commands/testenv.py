@@ -10,12 +10,14 @@ from pathlib import Path
 from vllm_overlay import util
 from vllm_overlay.errors import UsageError
 from vllm_overlay.overlay.project import find_project
-from vllm_overlay.testing import testenv
+from vllm_overlay.testing import enginenv, testenv
 
-HELP = "build or show the CPU environment in which vLLM's own tests run"
+HELP = "build or show the environment vLLM's tests run in (from a tree, or a built wheel)"
 DESCRIPTION = """\
 Build, or find in the cache, the virtualenv in which vLLM's own tests run from a source
-tree (vLLM comes from the tree through PYTHONPATH; it is not installed in the env).
+tree (--tree: vLLM comes from the tree through PYTHONPATH; it is not installed in the env),
+or the engine environment with a built wheel installed (--wheel: our vllm-cpu wheel, for
+the engine tests; see docs/engine.md).
 
 It holds a CPU build of torch (see docs/testenv.md for which and why), the requirement
 lines of the tree's requirements/common.txt, pytest and the test tooling vLLM's tests
@@ -28,6 +30,10 @@ exactly the packages pinned in the project's constraints/testenv-<name>-<version
 the tree's release; without that file the requirements are resolved freely (and it says so).
 --freeze resolves freely and writes that file (commit it). See docs/testenv.md.
 
+With --wheel the environment holds the wheel and its requirements (torch's +cpu pin replaced
+by the same release from the index), pinned by constraints/engine-<dist>-<version>.txt, plus
+any --extra local package (the engine tests' probe plugin); --freeze writes that file.
+
 Prints the environment's directory (with --freeze: the constraints file) on stdout.
 """
 
@@ -39,6 +45,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="the vLLM source tree whose requirements/common.txt the environment follows "
         "(required until the pinned checkout can be found by default)",
+    )
+    parser.add_argument(
+        "--wheel",
+        metavar="WHEEL",
+        type=Path,
+        help="build the engine environment of this built wheel instead (e.g. dist/vllm_cpu-…whl)",
+    )
+    parser.add_argument(
+        "--extra",
+        metavar="DIR",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --wheel: a local package to install beside it (repeatable)",
     )
     parser.add_argument(
         "--rebuild", action="store_true", help="build it anew even when a complete one exists"
@@ -57,6 +77,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.wheel is not None:
+        return _engine(args)
     tree: Path | None = args.tree
     if tree is None:
         raise UsageError("pass --tree DIR: the vLLM source tree the tests will run from.")
@@ -83,5 +105,34 @@ def run(args: argparse.Namespace) -> int:
         return 0
     env = testenv.ensure_testenv(tree, rebuild=args.rebuild)
     util.info(f"testenv: python {env.python}, torch {env.torch_version}")
+    print(env.path)
+    return 0
+
+
+def _engine(args: argparse.Namespace) -> int:
+    wheel: Path = args.wheel
+    if args.tree is not None:
+        raise UsageError("pass --tree DIR or --wheel WHEEL, not both.")
+    if not wheel.is_file() or wheel.suffix != ".whl":
+        raise UsageError(f"--wheel {wheel}: not a wheel file (a built dist/*.whl).")
+    for extra in args.extra:
+        if not (extra / "pyproject.toml").is_file():
+            raise UsageError(f"--extra {extra}: not a package directory (no pyproject.toml).")
+    if args.print_recipe:
+        rec = enginenv.recipe(wheel, args.extra)
+        doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return 0
+    if args.freeze:
+        rec = enginenv.recipe(wheel, args.extra, pinned=False)
+        dest = enginenv.constraints_path(rec.distribution, rec.version, find_project().root)
+        env = enginenv.ensure_engine_env(wheel, args.extra, rebuild=args.rebuild, pinned=False)
+        text = enginenv.freeze_constraints(env, rec)
+        util.atomic_write_text(dest, text)
+        util.info(f"enginenv: wrote {dest} ({len(text.splitlines()) - 3} pins); commit it")
+        print(dest)
+        return 0
+    env = enginenv.ensure_engine_env(wheel, args.extra, rebuild=args.rebuild)
+    util.info(f"enginenv: python {env.python}, vllm {env.vllm_version}, torch {env.torch_version}")
     print(env.path)
     return 0

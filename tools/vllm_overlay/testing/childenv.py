@@ -53,16 +53,25 @@ def clean_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in LEAKY}
 
 
+RPC_PREFIX = "vo-rpc-"  # vLLM's ZeroMQ ipc:// sockets (VLLM_RPC_BASE_PATH), same limit
+
+
+def short_dir(workdir: Path, prefix: str) -> Path:
+    """A short directory in /tmp named after ``workdir`` (created here), for AF_UNIX socket
+    paths that may not exceed SOCKET_PATH_MAX bytes."""
+    base = Path("/tmp") if os.access("/tmp", os.W_OK) else Path(tempfile.gettempdir())
+    digest = hashlib.sha256(os.fspath(Path(workdir).resolve()).encode()).hexdigest()[:12]
+    path = base / f"{prefix}{digest}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def ray_tmpdir(workdir: Path) -> Path:
     """A short directory for Ray's session files, named after ``workdir`` (created here).
 
     Removed after a run by ``vllm_overlay.testing.runner``; see SOCKET_PATH_MAX.
     """
-    base = Path("/tmp") if os.access("/tmp", os.W_OK) else Path(tempfile.gettempdir())
-    digest = hashlib.sha256(os.fspath(Path(workdir).resolve()).encode()).hexdigest()[:12]
-    path = base / f"{RAY_PREFIX}{digest}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return short_dir(workdir, RAY_PREFIX)
 
 
 def scratch_environ(workdir: Path) -> dict[str, str]:

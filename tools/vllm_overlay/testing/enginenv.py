@@ -44,7 +44,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from vllm_overlay import util
 from vllm_overlay.errors import CommandError, OverlayError
 from vllm_overlay.testing import envbuild, installer
-from vllm_overlay.testing.childenv import clean_environ, scratch_environ
+from vllm_overlay.testing.childenv import RPC_PREFIX, clean_environ, scratch_environ, short_dir
 from vllm_overlay.testing.envbuild import VENV, root
 from vllm_overlay.testing.testenv import CONSTRAINTS_DIR, FREEZE, PYTHON, _python_for
 
@@ -96,7 +96,9 @@ class EngineEnv:
     def environ(self, workdir: Path) -> dict[str, str]:
         """The environment for running vLLM from this environment: ``scratch_environ``'s
         (no leaking Python setup, temporary files under ``workdir``), the environment's
-        ``bin`` first on PATH, the Hugging Face hub offline, usage statistics off."""
+        ``bin`` first on PATH, vLLM's ZeroMQ sockets in a short directory
+        (``childenv.short_dir``; the caller removes it), the Hugging Face hub offline,
+        usage statistics off."""
         workdir = Path(workdir).resolve()
         env = scratch_environ(workdir)
         cache = workdir / "vllm-cache"
@@ -105,6 +107,7 @@ class EngineEnv:
             {
                 "PATH": os.pathsep.join([os.fspath(self.python.parent), env.get("PATH", "")]),
                 "VLLM_CACHE_ROOT": os.fspath(cache),
+                "VLLM_RPC_BASE_PATH": os.fspath(short_dir(workdir, RPC_PREFIX)),
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -132,8 +135,8 @@ def overrides_for(wheel: Path) -> tuple[str, ...]:
 
     An override replaces every requirement on torch, torchvision's and torchaudio's too, so
     the resolver would otherwise take their newest releases, built for another torch (they
-    fail to load their operators). PyTorch releases them in step: torch 2.N with
-    torchvision 0.(N+15) and torchaudio 2.N.
+    fail to load their libraries). PyTorch releases them in step: torch 2.N.P with
+    torchvision 0.(N+15).P and torchaudio 2.N.P.
     """
     with zipfile.ZipFile(wheel) as zf:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
@@ -151,12 +154,12 @@ def overrides_for(wheel: Path) -> tuple[str, ...]:
                 torch = spec.version.split("+", 1)[0]
     if torch is None:
         return ()
-    major, minor = (int(x) for x in torch.split(".")[:2])
+    major, minor, patch = (int(x) for x in (torch.split(".") + ["0"])[:3])
     out = [f"torch=={torch}"]
     if "torchvision" in companions and major == 2:
-        out.append(f"torchvision=={0}.{minor + 15}.*")
+        out.append(f"torchvision==0.{minor + 15}.{patch}")
     if "torchaudio" in companions:
-        out.append(f"torchaudio=={major}.{minor}.*")
+        out.append(f"torchaudio=={torch}")
     return tuple(out)
 
 
@@ -251,6 +254,9 @@ def _build(rec: EngineRecipe, wheel: Path, staging: Path) -> dict:
             "--freeze` and commit the file."
         )
     env = inst.env(clean_environ())
+    # uv's cache beside the environments (the same file system: uv links from it), so a new
+    # wheel's environment is linked from what earlier builds downloaded (3 GB with torch).
+    env.setdefault("UV_CACHE_DIR", os.fspath(util.cache_dir() / "uv"))
     python = inst.venv(_python_for(rec.python), staging / VENV, env)
     src = staging / "src"
     args: list[str] = []

@@ -1,15 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The CPU GDN decode passes its state indices with unit stride.
+"""The CPU GDN decode with a speculative config: dense state indices, the real conv window.
 
-Added by vllm-overlay (our own change). With a speculative config (every
-``extract_hidden_states`` run) the GDN metadata builder takes the non-spec state
-indices as column 0 of a block table with ``num_spec + 1`` columns: a view with stride
-``num_spec + 1``. A 1-token query (a 1-token prompt, the last token of a prompt whose
-prefix is cached, a 1-token prefill chunk) goes to the decode path, whose fused
-recurrent update (``fused_sigmoid_gating_delta_rule_update_cpu``) checks the last stride
-of every tensor: the engine died with "tensor must be contiguous at last dimension".
-``.contiguous()`` does not help there, because a one-element view counts as contiguous
-whatever its stride; the fix copies the indices to a dense tensor.
+Added by vllm-overlay (our own change; the conv half follows vLLM 0.26.0). With a
+speculative config (every ``extract_hidden_states`` run) a 1-token query (a 1-token
+prompt, the last token of a prompt whose prefix is cached, a 1-token prefill chunk) goes
+to the CPU decode path, where two things went wrong:
+
+- the state indices are column 0 of a block table with ``num_spec + 1`` columns, a view
+  with stride ``num_spec + 1``; the fused recurrent update
+  (``fused_sigmoid_gating_delta_rule_update_cpu``) checks the last stride of every tensor,
+  and the engine died with "tensor must be contiguous at last dimension".
+  ``.contiguous()`` does not help: a one-element view counts as contiguous whatever its
+  stride. The indices are copied to a dense tensor;
+- the conv state has ``num_spec`` more columns than the ``width - 1`` that hold the state
+  (what prefill writes); the torch conv update took them all, so the token was convolved
+  with a window shifted by one column: silently wrong hidden states for the continuation
+  of a prompt. Only the first ``width - 1`` columns are used and written back, as vLLM
+  0.26.0 does.
 
 The compiled CPU op is replaced by a recorder that makes the kernel's check (the source
 tree has no ``vllm._C``). Running on an unpatched tree: set ``VLLM_OVERLAY_TREE=pristine``;
@@ -48,13 +55,18 @@ DIM = 2 * HEADS * HEAD_K + HEADS * HEAD_V
 
 
 class _Layer:
-    """What the CPU GDN core reads from a Qwen3-Next linear-attention layer."""
+    """What the CPU GDN core reads from a Qwen3-Next linear-attention layer; the conv state
+    of slot 3 holds a known history, then ``num_spec`` columns of garbage."""
 
     prefix = "model.layers.0.linear_attn"
     activation = "silu"
 
-    def __init__(self):
-        conv = torch.zeros(SLOTS, DIM, WIDTH - 1, dtype=torch.bfloat16)
+    def __init__(self, num_spec: int):
+        torch.manual_seed(0)
+        self.history = torch.randn(DIM, WIDTH - 1).to(torch.bfloat16)
+        conv = torch.zeros(SLOTS, DIM, WIDTH - 1 + num_spec, dtype=torch.bfloat16)
+        conv[3, :, : WIDTH - 1] = self.history
+        conv[3, :, WIDTH - 1 :] = 100.0
         if not is_conv_state_dim_first():
             conv = conv.transpose(-1, -2).contiguous()
         ssm = torch.zeros(SLOTS, HEADS, HEAD_V, HEAD_K, dtype=torch.float32)
@@ -64,6 +76,11 @@ class _Layer:
         )
         self.A_log = torch.zeros(HEADS)
         self.dt_bias = torch.zeros(HEADS)
+
+    def conv_state(self, slot: int) -> torch.Tensor:
+        """Slot ``slot``'s conv state as [DIM, columns], whatever the layout."""
+        conv = self.kv_cache[0][slot]
+        return conv if is_conv_state_dim_first() else conv.t()
 
     def rearrange_mixed_qkv(self, mixed_qkv):
         q, k, v = torch.split(
@@ -87,7 +104,7 @@ def fused_update(monkeypatch):
             if isinstance(t, torch.Tensor) and t.dim() and name != "initial_state_source":
                 if t.stride(-1) != 1:
                     raise RuntimeError(f"{name} must be contiguous at last dimension")
-        seen.append(kw["initial_state_indices"].tolist())
+        seen.append({"indices": kw["initial_state_indices"].tolist(), "q": kw["q"].clone()})
         q = kw["q"]
         return torch.zeros(1, q.shape[1], HEADS, HEAD_V, dtype=q.dtype)
 
@@ -95,7 +112,7 @@ def fused_update(monkeypatch):
     return seen
 
 
-def _decode_one_token(layer, monkeypatch, num_spec: int) -> None:
+def _decode_one_token(layer, monkeypatch, num_spec: int, x: torch.Tensor) -> None:
     # Column 0 of a [2 requests, num_spec + 1] block table, as the metadata builder
     # takes it; the request being decoded holds slot 3.
     rows = [[3, 4], [5, 1]]
@@ -117,7 +134,7 @@ def _decode_one_token(layer, monkeypatch, num_spec: int) -> None:
     monkeypatch.setattr(gdn_attention, "get_forward_context", lambda: context)
     core_out = torch.empty(1, HEADS, HEAD_V, dtype=torch.bfloat16)
     gdn_attention.cpu_gdn_attention_core(
-        torch.randn(1, DIM, dtype=torch.bfloat16),
+        x,
         torch.randn(1, HEADS, dtype=torch.bfloat16),
         torch.randn(1, HEADS, dtype=torch.bfloat16),
         core_out,
@@ -125,12 +142,30 @@ def _decode_one_token(layer, monkeypatch, num_spec: int) -> None:
     )
 
 
+def _expected_q(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+    """The conv over the window [history, x] (all-ones weights), SiLU, as q."""
+    window = torch.cat([layer.history, x.t()], dim=-1).float()
+    conv = torch.nn.functional.silu(window.sum(-1)).to(torch.bfloat16)
+    return conv[: HEADS * HEAD_K].reshape(1, 1, HEADS, HEAD_K)
+
+
 @needs_fix
 def test_one_token_query_with_a_speculative_config(monkeypatch, fused_update):
-    _decode_one_token(_Layer(), monkeypatch, num_spec=1)
-    assert fused_update == [[3]]
+    layer, x = _Layer(num_spec=1), torch.randn(1, DIM, dtype=torch.bfloat16)
+    _decode_one_token(layer, monkeypatch, 1, x)
+    (call,) = fused_update
+    assert call["indices"] == [3]
+    torch.testing.assert_close(call["q"], _expected_q(layer, x))
+    # The state moves one column (history[1:], x); the extra column is left alone.
+    state = layer.conv_state(3)
+    torch.testing.assert_close(state[:, : WIDTH - 2], layer.history[:, 1:])
+    torch.testing.assert_close(state[:, WIDTH - 2], x[0])
+    assert (state[:, WIDTH - 1 :] == 100.0).all()
 
 
 def test_one_token_query_without_speculation(monkeypatch, fused_update):
-    _decode_one_token(_Layer(), monkeypatch, num_spec=0)
-    assert fused_update == [[3]]
+    layer, x = _Layer(num_spec=0), torch.randn(1, DIM, dtype=torch.bfloat16)
+    _decode_one_token(layer, monkeypatch, 0, x)
+    (call,) = fused_update
+    assert call["indices"] == [3]
+    torch.testing.assert_close(call["q"], _expected_q(layer, x))

@@ -1,0 +1,94 @@
+"""What the engine sessions run: the prompts, the cases, one entry per (wheel, configuration).
+
+A session is one engine; every case of it runs in that engine, one after another (see
+harness.py and env/driver.py).
+"""
+
+from __future__ import annotations
+
+import random
+
+import harness
+
+LAYERS = [1, 2, 4]  # several layers, 4 = the last of the tiny models' 4
+TOLERANCE = harness.TOLERANCE
+
+
+def prompts(seed: int, *lengths: int) -> list[list[int]]:
+    """Token-id prompts (the tiny models' vocabulary is 512; no tokenizer is needed)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 512) for _ in range(n)] for n in lengths]
+
+
+# Different lengths in one batch (a 1-token prompt goes to the GDN decode path; 129 is
+# split across two steps), a prompt longer than max_num_batched_tokens (128), and the same
+# prompt again in a later call (with prefix caching its first 256 tokens come from cache).
+BATCH = prompts(1, 1, 13, 40, 77, 129)
+(LONG,) = prompts(2, 300)
+(TAIL,) = prompts(8, 129)  # alone: a 128-token chunk, then a 1-token one (the GDN decode path)
+COLLECTOR = prompts(3, 21, 50)
+ABORT = {
+    "long": prompts(4, 300)[0],
+    "short": prompts(5, 20)[0],
+    "then": {"prompts": prompts(6, 33)},
+}
+
+CASES = {
+    "batch": {"kind": "generate", "prompts": BATCH},
+    "long": {"kind": "generate", "prompts": [LONG]},
+    "tail": {"kind": "generate", "prompts": [TAIL]},
+    "repeat": {"kind": "generate", "prompts": [LONG]},
+    "collector": {"kind": "generate", "prompts": COLLECTOR, "collector": True},
+    "abort": {"kind": "abort", **ABORT},
+}
+
+
+def cases(*names: str) -> list[dict]:
+    return [{"name": n, **CASES[n]} for n in names]
+
+
+# name -> (wheel, model, engine settings, cases, extra environment)
+SESSIONS = {
+    "ours-hybrid": ("ours", "qwen3next", {"enable_prefix_caching": False},
+                    cases("batch", "long", "tail", "repeat", "collector", "abort"), {}),
+    "ours-hybrid-prefix-caching": ("ours", "qwen3next", {"enable_prefix_caching": True},
+                                   cases("batch", "long", "tail", "repeat"), {}),
+    "ours-dense": ("ours", "llama", {}, cases("batch", "long", "repeat"), {}),
+    "ours-hybrid-tp2": ("ours", "qwen3next",
+                        {"enable_prefix_caching": False, "tensor_parallel_size": 2},
+                        cases("batch", "long"), {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
+    "without-hybrid": ("without", "qwen3next", {"enable_prefix_caching": False},
+                       cases("batch", "long", "abort"), {}),
+    "without-hybrid-prefix-caching": ("without", "qwen3next", {"enable_prefix_caching": True},
+                                      cases("batch"), {}),
+}  # fmt: skip
+
+
+def summary(s: harness.Session) -> dict:
+    """A session's figures for the end-of-run table."""
+    layers = [
+        lay
+        for c in s.result["cases"]
+        for r in s.requests(c)
+        for lay in r.get("checks", {}).get("layers", [])
+    ]
+    proposer = [
+        r["checks"]["proposer"]
+        for c in s.result["cases"]
+        for r in s.requests(c)
+        if "proposer" in r.get("checks", {})
+    ]
+    return {
+        "session": s.name,
+        "start_seconds": s.result["start_seconds"],
+        "start_error": (s.result["start_error"] or "")[:90],
+        "died": (s.result["died"] or {}).get("case"),
+        "rows": sum(lay["rows"] for lay in layers),
+        "zero_rows": sum(lay["zero_rows"] for lay in layers),
+        "right_rows": sum(lay["right_rows"] for lay in layers),
+        "nan_rows": sum(lay["nan_rows"] for lay in layers),
+        "max_rel_err": max((lay["max_rel_err"] for lay in layers), default=None),
+        "proposer_equal": sum(p["rows_equal"] for p in proposer),
+        "proposer_compared": sum(p["rows_compared"] for p in proposer),
+        "seconds": s.seconds,
+    }

@@ -1,0 +1,97 @@
+"""Our CPU wheel, run as users run it, extracts the hidden states the model computes.
+
+Every saved row is checked twice: against Transformers' ``output_hidden_states`` for the
+same weights and token ids (float32 reference, bf16 engine: a row's relative L2 error must
+stay under ``TOLERANCE``), and against what the model handed the extract_hidden_states
+proposer, bit for bit (the probe plugin's record).
+"""
+
+from __future__ import annotations
+
+import pytest
+from sessions import BATCH, LONG, TOLERANCE
+
+
+def assert_right(session, case: str) -> None:
+    """Every request of ``case``: the file holds its token ids and, per extracted layer, no
+    zero or NaN row, each row within TOLERANCE of the reference and equal to the proposer's."""
+    requests = session.requests(case)
+    assert requests, f"{session.name}: case {case} saved nothing"
+    for r in requests:
+        checks = r["checks"]
+        where = f"{session.name}/{case}, request {r['request_id']} ({len(r['prompt'])} tokens)"
+        assert checks["token_ids_match"], where
+        assert checks["shape"][0] == len(r["prompt"]), where
+        for layer in checks["layers"]:
+            at = f"{where}, layer {layer['layer']}"
+            assert layer["zero_rows"] == 0, f"{at}: {layer['zero_rows']} all-zero rows"
+            assert layer["nan_rows"] == 0, f"{at}: {layer['nan_rows']} rows with NaN/Inf"
+            assert layer["max_rel_err"] <= TOLERANCE, f"{at}: {layer}"
+            assert layer["right_rows"] == layer["rows"], f"{at}: {layer}"
+        proposer = checks["proposer"]
+        assert proposer["rows_without_record"] == 0, f"{where}: {proposer}"
+        assert proposer["rows_equal"] == len(r["prompt"]), f"{where}: {proposer}"
+
+
+@pytest.mark.parametrize("case", ["batch", "long", "tail", "repeat"])
+def test_hybrid_verifier(session, case):
+    """Qwen3-Next (3 gated-delta-net layers, 1 attention layer): a batch of different
+    lengths (1 to 129 tokens), a prompt longer than max_num_batched_tokens, one whose last
+    chunk is a single token, a repeat."""
+    assert_right(session("ours-hybrid"), case)
+
+
+@pytest.mark.parametrize("case", ["batch", "long", "tail", "repeat"])
+def test_hybrid_verifier_with_prefix_caching(session, case):
+    assert_right(session("ours-hybrid-prefix-caching"), case)
+
+
+def test_a_repeated_prompt_reads_its_prefix_from_the_cache(session):
+    s = session("ours-hybrid-prefix-caching")
+    (first,), (again,) = s.requests("long"), s.requests("repeat")
+    assert first["prompt"] == again["prompt"] == LONG
+    # Hybrid models cache whole attention blocks (256 tokens here): the rows of the cached
+    # prefix were computed for the first request and must be read back unchanged.
+    assert first["num_cached_tokens"] == 0 and again["num_cached_tokens"] >= 256, (first, again)
+    assert again["checks"]["proposer"]["rows_recorded"] == len(LONG) - again["num_cached_tokens"]
+
+
+@pytest.mark.parametrize("case", ["batch", "long", "repeat"])
+def test_dense_control(session, case):
+    """A dense Llama: right on pristine vLLM too, so any error here is ours."""
+    assert_right(session("ours-dense"), case)
+
+
+def test_offline_collector_pattern(session):
+    """use_synchronization_lock (on by default): the module's load_hidden_states waits for the
+    write, cleanup_hidden_states removes the file and its lock; nothing is left."""
+    s = session("ours-hybrid")
+    assert_right(s, "collector")
+    for r in s.requests("collector"):
+        assert r["left_after_cleanup"] == [], r
+
+
+def test_an_aborted_waiting_request_leaves_the_engine_working(session):
+    """vllm#56841: a request aborted before it was scheduled must not kill EngineCore; the
+    engine extracts correctly afterwards."""
+    s = session("ours-hybrid")
+    assert s.result["died"] is None, s.result["died"]
+    abort = s.case("abort")
+    assert abort["finished"] == ["abort-long"]
+    assert_right(s, "abort")
+
+
+def test_every_case_ran_in_one_engine(session):
+    s = session("ours-hybrid")
+    assert s.result["start_error"] is None
+    assert set(s.result["cases"]) == {"batch", "long", "tail", "repeat", "collector", "abort"}
+    assert [len(r["prompt"]) for r in s.requests("batch")] == [len(p) for p in BATCH]
+
+
+@pytest.mark.parametrize("case", ["batch", "long"])
+def test_hybrid_verifier_with_tensor_parallelism(session, case):
+    """tensor_parallel_size=2 on the CPU (gloo, one core per rank): rank 0 writes the files
+    (get_finished_count, vllm#56841), the page holds a token of hidden states (#50894)."""
+    s = session("ours-hybrid-tp2")
+    assert s.result["start_error"] is None, s.result["start_error"]
+    assert_right(s, case)
