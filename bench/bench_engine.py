@@ -69,8 +69,12 @@ def main() -> int:
                 "engine": {"gpu_memory_utilization": 0.3, "max_num_batched_tokens": 1024},
                 "check": False,
                 "cases": [
-                    {"name": "bench", "kind": "bench", "prompts": bench_prompts,
-                     "rounds": args.rounds},
+                    {
+                        "name": "bench",
+                        "kind": "bench",
+                        "prompts": bench_prompts,
+                        "rounds": args.rounds,
+                    },
                 ],  # fmt: skip
             }
             wheel = harness.Wheel(kind, wheels[kind], envs[kind])
