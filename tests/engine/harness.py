@@ -64,7 +64,6 @@ def project_without(root: Path, dest: Path, change_ids: tuple[str, ...]) -> Path
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     shutil.copytree(root / "overlay", dest / "overlay")
-    shutil.copytree(root / "constraints", dest / "constraints")
     doc = tomlkit.parse((dest / "overlay" / "overlay.toml").read_text())
     changes = doc["change"]
     kept = set()
