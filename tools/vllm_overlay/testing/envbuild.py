@@ -17,8 +17,10 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from packaging.utils import canonicalize_name
 
 from vllm_overlay import util
 
@@ -85,3 +87,18 @@ def ensure(
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return final
+
+
+def pinned_lines(freeze: Path, leave_out: Iterable[str] = ()) -> list[str]:
+    """The ``name==version`` lines of an environment's freeze file, sorted by name: what a
+    constraints file pins. Local packages (``name @ file://…``, editable ones) and the
+    distributions ``leave_out`` names are not pinned."""
+    skip = {canonicalize_name(n) for n in leave_out}
+    lines = []
+    for line in freeze.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or " @ " in line or line.startswith("-e "):
+            continue
+        if canonicalize_name(line.split("==", 1)[0]) not in skip:
+            lines.append(line)
+    return sorted(lines, key=lambda ln: canonicalize_name(ln.split("==", 1)[0]))
