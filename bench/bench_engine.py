@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests" / "engine"), str(REPO / "tools")]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tools")]
 
-import harness  # noqa: E402
-from sessions import LAYERS, prompts  # noqa: E402
+from engine import harness  # noqa: E402
+from engine.sessions import LAYERS, prompts  # noqa: E402
 
 GOAL = 0.98
 

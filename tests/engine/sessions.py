@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-import harness
+from engine import harness
 
 LAYERS = [1, 2, 4]  # several layers, 4 = the last of the tiny models' 4
 TOLERANCE = harness.TOLERANCE

@@ -1,4 +1,6 @@
-"""Engine tests: the engine itself, run from our built wheel, against what the model computes.
+"""Engine tests' fixtures (a plugin of tests/conftest.py: a conftest.py here would shadow the
+one every test imports helpers from as ``conftest``): the engine itself, run from our built
+wheel, against what the model computes.
 
 Fixtures, lowest first: the two wheels (ours; ours without the hidden-state changes), their
 engine environments, the tiny models, and one engine session per (wheel, configuration),
@@ -13,10 +15,10 @@ import json
 import os
 from pathlib import Path
 
-import harness
 import pytest
+from engine import harness
+from engine.sessions import LAYERS, SESSIONS, summary
 from isolation import isolate
-from sessions import LAYERS, SESSIONS, summary
 
 
 def pytest_addoption(parser):
@@ -31,7 +33,7 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
+        if Path(str(item.fspath)).parent == Path(__file__).resolve().parent:
             item.add_marker(pytest.mark.network)
             item.add_marker(pytest.mark.engine)
 
