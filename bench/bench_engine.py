@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tools")]
 
 from engine import harness  # noqa: E402
-from engine.sessions import LAYERS, prompts  # noqa: E402
+from engine.sessions import ENGINE_DEFAULTS, LAYERS, prompts  # noqa: E402
 
 GOAL = 0.98
 
@@ -69,7 +69,7 @@ def main() -> int:
             spec = {
                 "model": models[args.model],
                 "layers": LAYERS,
-                "engine": {"gpu_memory_utilization": 0.3, "max_num_batched_tokens": 1024},
+                "engine": {**ENGINE_DEFAULTS, "max_num_batched_tokens": 1024},
                 "check": False,
                 "cases": [
                     {

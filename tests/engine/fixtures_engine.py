@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from engine import harness
-from engine.sessions import LAYERS, SESSIONS, summary
+from engine.sessions import ENGINE_DEFAULTS, LAYERS, SESSIONS, summary
 from isolation import isolate
 
 
@@ -39,33 +39,35 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def device(pytestconfig) -> str:
+def engine_device(pytestconfig) -> str:
     return pytestconfig.getoption("--engine-device")
 
 
 @pytest.fixture(scope="session")
-def shared(tmp_path_factory) -> Path:
+def engine_shared(tmp_path_factory) -> Path:
     return harness.shared_dir(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")
-def wheels(shared, device, tmp_path_factory):
+def engine_wheels(engine_shared, engine_device, tmp_path_factory):
     """Our wheel and the proof wheel, each in its engine environment."""
-    if device != "cpu":
+    if engine_device != "cpu":
         pytest.skip("the engine tests' CUDA sessions need a GPU machine (see docs/engine.md)")
     from vllm_overlay import util
 
     with (
         pytest.MonkeyPatch.context() as mp,
-        util.exclusive_lock(shared / "wheels.lock", "the engine tests' wheels", timeout=1200),
+        util.exclusive_lock(
+            engine_shared / "wheels.lock", "the engine tests' wheels", timeout=1200
+        ),
     ):  # one worker builds, the other finds them up to date
         isolate(mp, tmp_path_factory, network=True)
         mp.setenv("VLLM_OVERLAY_PROJECT", str(harness.REPO))
-        ours = harness.build_cpu_wheel(harness.REPO, shared / "wheels" / "ours")
+        ours = harness.build_cpu_wheel(harness.REPO, engine_shared / "wheels" / "ours")
         without_project = harness.project_without(
-            harness.REPO, shared / "projects" / "without", harness.HIDDEN_STATE_CHANGES
+            harness.REPO, engine_shared / "projects" / "without", harness.HIDDEN_STATE_CHANGES
         )
-        without = harness.build_cpu_wheel(without_project, shared / "wheels" / "without")
+        without = harness.build_cpu_wheel(without_project, engine_shared / "wheels" / "without")
         return {
             "ours": harness.Wheel("ours", ours, harness.engine_env(ours)),
             "without": harness.Wheel("without", without, harness.engine_env(without)),
@@ -73,30 +75,32 @@ def wheels(shared, device, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def models(wheels, tmp_path_factory) -> dict[str, str]:
+def engine_models(engine_wheels, tmp_path_factory) -> dict[str, str]:
     with pytest.MonkeyPatch.context() as mp:
         isolate(mp, tmp_path_factory, network=True)
-        return harness.tiny_models(wheels["ours"].env)
+        return harness.tiny_models(engine_wheels["ours"].env)
 
 
 @pytest.fixture(scope="session")
-def session(wheels, models, shared, tmp_path_factory):
-    """``session(name)``: the engine session ``name`` of SESSIONS, run once per test run."""
+def engine_session(engine_wheels, engine_models, engine_shared, tmp_path_factory):
+    """``engine_session(name)``: the engine session ``name`` of SESSIONS, run once per test run."""
 
     def get(name: str) -> harness.Session:
         wheel, model, engine, case_list, env_vars = SESSIONS[name]
         if env_vars.get("VLLM_CPU_OMP_THREADS_BIND") and (os.cpu_count() or 1) < 2:
             pytest.skip("tensor_parallel_size=2 on the CPU needs two cores (one per rank)")
         spec = {
-            "model": models[model],
+            "model": engine_models[model],
             "layers": LAYERS,
-            "engine": {"gpu_memory_utilization": 0.3, **engine},
+            "engine": {**ENGINE_DEFAULTS, **engine},
             "cases": case_list,
         }
         with pytest.MonkeyPatch.context() as mp:
             isolate(mp, tmp_path_factory, network=True)
-            s = harness.run_session(shared, name, wheels[wheel], spec, env_vars=env_vars)
-        harness.report(shared, name, summary(s))
+            s = harness.run_session(
+                engine_shared, name, engine_wheels[wheel], spec, env_vars=env_vars
+            )
+        harness.report(engine_shared, name, summary(s))
         return s
 
     return get

@@ -190,7 +190,7 @@ def run_session(
             }
             (where / "spec.json").write_text(json.dumps(full, indent=2))
             env = wheel.env.environ(where / "work")
-            env.update({"VO_PROBE_DIR": full["probe"], "VLLM_CPU_KVCACHE_SPACE": "1"})
+            env.update({"VO_PROBE_DIR": full["probe"]})
             env.update(env_vars or {})
             started = time.monotonic()
             with open(where / "engine.log", "w") as log:

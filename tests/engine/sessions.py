@@ -10,6 +10,11 @@ import random
 
 from engine import harness
 
+# What only these tests need of the engine (never the wheel): a KV cache of 128 MiB instead
+# of the CPU backend's 1 GiB minimum (VLLM_CPU_KVCACHE_SPACE is whole GiB; allocating and
+# zeroing it was 12 of an engine's 17 s of start-up work), and room in vLLM's start-up memory
+# check for a second engine on the same machine.
+ENGINE_DEFAULTS = {"kv_cache_memory_bytes": 128 * 1024 * 1024, "gpu_memory_utilization": 0.3}
 LAYERS = [1, 2, 4]  # several layers, 4 = the last of the tiny models' 4
 TOLERANCE = harness.TOLERANCE
 

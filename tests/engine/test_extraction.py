@@ -14,22 +14,22 @@ from engine.sessions import BATCH, LONG
 
 
 @pytest.mark.parametrize("case", ["batch", "long", "tail", "repeat"])
-def test_hybrid_verifier(session, case):
+def test_hybrid_verifier(engine_session, case):
     """Qwen3-Next (3 gated-delta-net layers, 1 attention layer): a batch of different
     lengths (1 to 129 tokens), a prompt longer than max_num_batched_tokens, one whose last
     chunk is a single token, a repeat."""
-    assert_right(session("ours-hybrid"), case)
+    assert_right(engine_session("ours-hybrid"), case)
 
 
 @pytest.mark.parametrize("case", ["batch", "long", "tail", "repeat"])
-def test_hybrid_verifier_with_prefix_caching(session, case):
-    s = session("ours-hybrid-prefix-caching")
+def test_hybrid_verifier_with_prefix_caching(engine_session, case):
+    s = engine_session("ours-hybrid-prefix-caching")
     s.skip_if_amx()
     assert_right(s, case)
 
 
-def test_a_repeated_prompt_reads_its_prefix_from_the_cache(session):
-    s = session("ours-hybrid-prefix-caching")
+def test_a_repeated_prompt_reads_its_prefix_from_the_cache(engine_session):
+    s = engine_session("ours-hybrid-prefix-caching")
     s.skip_if_amx()
     (first,), (again,) = s.requests("long"), s.requests("repeat")
     assert first["prompt"] == again["prompt"] == LONG
@@ -40,41 +40,41 @@ def test_a_repeated_prompt_reads_its_prefix_from_the_cache(session):
 
 
 @pytest.mark.parametrize("case", ["batch", "long", "repeat"])
-def test_dense_control(session, case):
+def test_dense_control(engine_session, case):
     """A dense Llama: right on pristine vLLM too, so any error here is ours."""
-    assert_right(session("ours-dense"), case)
+    assert_right(engine_session("ours-dense"), case)
 
 
-def test_offline_collector_pattern(session):
+def test_offline_collector_pattern(engine_session):
     """use_synchronization_lock (on by default): the module's load_hidden_states waits for the
     write, cleanup_hidden_states removes the file and its lock; nothing is left."""
-    s = session("ours-hybrid")
+    s = engine_session("ours-hybrid")
     assert_right(s, "collector")
     for r in s.requests("collector"):
         assert r["left_after_cleanup"] == [], r
 
 
-def test_an_aborted_waiting_request_leaves_the_engine_working(session):
+def test_an_aborted_waiting_request_leaves_the_engine_working(engine_session):
     """vllm#56841: a request aborted before it was scheduled must not kill EngineCore; the
     engine extracts correctly afterwards."""
-    s = session("ours-hybrid")
+    s = engine_session("ours-hybrid")
     assert s.result["died"] is None, s.result["died"]
     abort = s.case("abort")
     assert abort["finished"] == ["abort-long"]
     assert_right(s, "abort")
 
 
-def test_every_case_ran_in_one_engine(session):
-    s = session("ours-hybrid")
+def test_every_case_ran_in_one_engine(engine_session):
+    s = engine_session("ours-hybrid")
     assert s.result["start_error"] is None
     assert set(s.result["cases"]) == {"batch", "long", "tail", "repeat", "collector", "abort"}
     assert [len(r["prompt"]) for r in s.requests("batch")] == [len(p) for p in BATCH]
 
 
 @pytest.mark.parametrize("case", ["batch", "long"])
-def test_hybrid_verifier_with_tensor_parallelism(session, case):
+def test_hybrid_verifier_with_tensor_parallelism(engine_session, case):
     """tensor_parallel_size=2 on the CPU (gloo, one core per rank): rank 0 writes the files
     (get_finished_count, vllm#56841), the page holds a token of hidden states (#50894)."""
-    s = session("ours-hybrid-tp2")
+    s = engine_session("ours-hybrid-tp2")
     assert s.result["start_error"] is None, s.result["start_error"]
     assert_right(s, case)

@@ -20,15 +20,15 @@ from engine.checks import assert_right
     "attention group's block size: every saved row is zero",
 )
 @pytest.mark.parametrize("case", ["batch", "long"])
-def test_hybrid_extraction_is_right(session, case):
-    assert_right(session("without-hybrid"), case)
+def test_hybrid_extraction_is_right(engine_session, case):
+    assert_right(engine_session("without-hybrid"), case)
 
 
-def test_hybrid_extraction_saves_zeros_and_no_right_row(session):
+def test_hybrid_extraction_saves_zeros_and_no_right_row(engine_session):
     """What speculators#613 saw: the files look fine (shapes, token ids, no NaN), but the
     rows are zeros (slots read with the attention group's block size are unwritten) or,
     where such a slot belongs to another request, that request's hidden states."""
-    s = session("without-hybrid")
+    s = engine_session("without-hybrid")
     rows = zero = right = 0
     for case in ("batch", "long"):
         for r in s.requests(case):
@@ -44,17 +44,17 @@ def test_hybrid_extraction_saves_zeros_and_no_right_row(session):
     assert zero >= rows // 2, f"{zero} of {rows} rows zero"
 
 
-def test_prefix_caching_refuses_to_start(session):
+def test_prefix_caching_refuses_to_start(engine_session):
     """vllm#51108: the hidden-states block size must divide the other groups'."""
-    s = session("without-hybrid-prefix-caching")
+    s = engine_session("without-hybrid-prefix-caching")
     s.skip_if_amx()
     assert s.result["start_error"] is not None, "the engine started"
     assert "divisible" in s.log and "hash_block_size" in s.log, s.log[-3000:]
 
 
-def test_an_aborted_waiting_request_kills_the_engine(session):
+def test_an_aborted_waiting_request_kills_the_engine(engine_session):
     """vllm#56841: request_finished of a request that never ran raised KeyError."""
-    s = session("without-hybrid")
+    s = engine_session("without-hybrid")
     died = s.result["died"]
     assert died is not None and died["case"] == "abort", died
     assert "EngineDeadError" in died["error"], died

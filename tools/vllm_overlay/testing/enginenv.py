@@ -96,17 +96,19 @@ class EngineEnv:
     def environ(self, workdir: Path) -> dict[str, str]:
         """The environment for running vLLM from this environment: ``scratch_environ``'s
         (no leaking Python setup, temporary files under ``workdir``), the environment's
-        ``bin`` first on PATH, vLLM's ZeroMQ sockets in a short directory
+        ``bin`` first on PATH, vLLM's cache in the environment, its ZeroMQ sockets in a short
+        directory
         (``childenv.short_dir``; the caller removes it), the Hugging Face hub offline,
         usage statistics off."""
         workdir = Path(workdir).resolve()
         env = scratch_environ(workdir)
-        cache = workdir / "vllm-cache"
-        cache.mkdir(parents=True, exist_ok=True)
         env.update(
             {
                 "PATH": os.pathsep.join([os.fspath(self.python.parent), env.get("PATH", "")]),
-                "VLLM_CACHE_ROOT": os.fspath(cache),
+                # vLLM's own cache, kept with the environment: what it learns of a model class
+                # (in a child Python, ~15 s a start) is keyed by the module's hash and written
+                # atomically, so every run of this environment shares it.
+                "VLLM_CACHE_ROOT": os.fspath(self.path / "vllm-cache"),
                 "VLLM_RPC_BASE_PATH": os.fspath(short_dir(workdir, RPC_PREFIX)),
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
