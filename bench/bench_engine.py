@@ -13,8 +13,19 @@ in the order ours, without, ours, ...
 Prints each engine's start seconds and per-round tokens/s, the medians, and the ratio of
 ours to without (goal: at least 0.98: the fixes must not slow extraction).
 
+Then the server (``--server-requests``, 0 to leave it out): ``vllm serve`` of each wheel on
+the same model, ``--server-requests`` extractions through ``/v1/completions`` (token ids,
+``max_tokens=1``), ``--server-concurrency`` at a time, each one's file read under its
+``.lock`` and removed as speculators does, after ``--warmup`` uncounted ones; requests/s
+and the p50/p99 latency (request sent to file read) per wheel, and the ratio of requests/s.
+
+``--stress N``: then N clients against ``vllm serve`` of our wheel on the hybrid model as
+the engine tests' abort storm runs them (a seeded third disconnecting within 1.5 s,
+requests waiting behind ``max_num_seqs=2``): requests, aborts, survived, files verified
+against the reference, seconds.
+
     python bench/bench_engine.py [--rounds 8] [--warmup 2] [--prompts 16] [--length 256]
-                                 [--repeat 2]
+                                 [--repeat 2] [--server-requests 64] [--stress 512]
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tools")]
 
-from engine import harness  # noqa: E402
+from engine import clients, harness, server  # noqa: E402
 from engine.sessions import ENGINE_DEFAULTS, LAYERS, prompts  # noqa: E402
 
 GOAL = 0.98
@@ -45,6 +56,9 @@ def main() -> int:
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--repeat", type=int, default=2, help="engine starts per wheel (ABAB…)")
     p.add_argument("--model", default="llama", choices=("llama", "qwen3next"))
+    p.add_argument("--server-requests", type=int, default=64, help="0: no server bench")
+    p.add_argument("--server-concurrency", type=int, default=8)
+    p.add_argument("--stress", type=int, default=0, metavar="N", help="abort storm of N clients")
     args = p.parse_args()
     os.environ.setdefault("VLLM_OVERLAY_PROJECT", str(REPO))
 
@@ -107,9 +121,88 @@ def main() -> int:
     ratio = medians["ours"] / medians["without"]
     verdict = "meets" if ratio >= GOAL else "BELOW"
     print(f"ratio ours/without: {ratio:.3f} ({verdict} the goal of {GOAL})")
-    (work / "bench.json").write_text(json.dumps({"runs": runs, "ratio": ratio}, indent=2))
+    figures = {"runs": runs, "ratio": ratio}
+    if args.server_requests:
+        figures["server"] = bench_server(args, work, envs, models[args.model])
+    if args.stress:
+        figures["stress"] = stress(args.stress, work, envs["ours"], models["qwen3next"])
+    (work / "bench.json").write_text(json.dumps(figures, indent=2))
     print(f"raw figures: {work / 'bench.json'}")
     return 0
+
+
+def _extract(srv: server.Server, i: int, prompt: list[int], dest: Path) -> float:
+    t0 = time.perf_counter()
+    reply = srv.complete(prompt, timeout=600)
+    if reply.status != 200:
+        raise RuntimeError(f"request {i}: HTTP {reply.status}: {str(reply.body)[:500]}")
+    server.read_locked(reply.body["kv_transfer_params"]["hidden_states_path"], dest)
+    dest.unlink()
+    return time.perf_counter() - t0
+
+
+def bench_server(args, work: Path, envs: dict, model: str) -> dict:
+    """Requests/s and latency of extraction through ``vllm serve``, ours against without."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = {**clients.SERVE_ENGINE, "max_num_batched_tokens": 1024, "max_num_seqs": 8,
+              "enable_log_requests": False}  # fmt: skip
+    reqs = prompts(9, *([args.length] * args.server_requests))
+    warm = prompts(10, *([args.length] * args.server_concurrency))
+    runs: dict[str, list[dict]] = {"ours": [], "without": []}
+    for n in range(args.repeat):
+        for kind in ("ours", "without"):
+            where = work / "servers" / f"{kind}-{n + 1}"
+            print(f"server {kind}-{n + 1}: starting", file=sys.stderr)
+            with server.serving(envs[kind], model, where, layers=LAYERS, engine=engine) as srv:
+                with ThreadPoolExecutor(args.server_concurrency) as pool:
+                    list(pool.map(lambda a: _extract(srv, *a),
+                                  [(i, p, where / f"w{i}") for i, p in enumerate(warm)]))  # fmt: skip
+                    t0 = time.perf_counter()
+                    lat = list(pool.map(lambda a: _extract(srv, *a),
+                                        [(i, p, where / f"r{i}") for i, p in enumerate(reqs)]))  # fmt: skip
+                    seconds = time.perf_counter() - t0
+            lat.sort()
+            run = {"start": srv.start_seconds, "rps": len(reqs) / seconds,
+                   "p50": statistics.median(lat), "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))]}  # fmt: skip
+            runs[kind].append(run)
+            print(f"server {kind}-{n + 1}: {run['rps']:.2f} requests/s, p50 {run['p50']:.3f} s, "
+                  f"p99 {run['p99']:.3f} s", file=sys.stderr)  # fmt: skip
+    print(f"\nserver: {args.server_requests} requests x {args.length} tokens through "
+          f"/v1/completions, {args.server_concurrency} at a time, {args.repeat} servers per wheel")  # fmt: skip
+    print(f"{'wheel':9} {'start s (each)':>22} {'requests/s':>11} {'p50 s':>7} {'p99 s':>7}")
+    out = {}
+    for kind, rs in runs.items():
+        out[kind] = {"rps": statistics.median(r["rps"] for r in rs),
+                     "p50": statistics.median(r["p50"] for r in rs),
+                     "p99": statistics.median(r["p99"] for r in rs), "runs": rs}  # fmt: skip
+        starts = ", ".join(f"{r['start']:.1f}" for r in rs)
+        print(f"{kind:9} {starts:>22} {out[kind]['rps']:11.2f} {out[kind]['p50']:7.3f} "
+              f"{out[kind]['p99']:7.3f}")  # fmt: skip
+    out["ratio"] = out["ours"]["rps"] / out["without"]["rps"]
+    verdict = "meets" if out["ratio"] >= GOAL else "BELOW"
+    print(f"ratio of requests/s ours/without: {out['ratio']:.3f} ({verdict} the goal of {GOAL})")
+    return out
+
+
+def stress(n: int, work: Path, env, model: str) -> dict:
+    """The engine tests' abort storm with ``n`` clients against our wheel's server."""
+    where = work / "stress"
+    storm = {**clients.STORM, "requests": n}
+    with server.serving(env, model, where, layers=LAYERS, engine=clients.SERVE_ENGINE) as srv:
+        out = clients.run_storm(srv, where, **storm)
+        out["log_errors"] = clients.log_errors(srv.log)
+    clients.check({"storm": out}, env, model, where)
+    worst = out.get("worst") or {}
+    print(f"\nstress: {n} requests, {storm['concurrency']} at a time, a third disconnecting: "
+          f"{out['outcomes']}; engine aborts {out.get('engine_aborts')}; server alive "
+          f"{out['healthy_after']}; files verified {out['files_verified']} "
+          f"(rows right {worst.get('right_rows')}/{worst.get('rows')}); left in storage "
+          f"{len(out.get('storage_after_reading', []))}; KV cache usage after "
+          f"{out.get('kv_cache_usage')}; engine errors in the log {len(out['log_errors'])}; "
+          f"{out['seconds']} s")  # fmt: skip
+    out.pop("clients", None)
+    return out
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from engine import harness
-from engine.sessions import ENGINE_DEFAULTS, LAYERS, SESSIONS, summary
+from engine.sessions import ENGINE_DEFAULTS, LAYERS, SESSIONS, SPEC_EXTRA, summary
 from isolation import isolate
 
 
@@ -94,6 +94,7 @@ def engine_session(engine_wheels, engine_models, engine_shared, tmp_path_factory
             "layers": LAYERS,
             "engine": {**ENGINE_DEFAULTS, **engine},
             "cases": case_list,
+            **SPEC_EXTRA.get(name, {}),
         }
         with pytest.MonkeyPatch.context() as mp:
             isolate(mp, tmp_path_factory, network=True)
@@ -106,15 +107,71 @@ def engine_session(engine_wheels, engine_models, engine_shared, tmp_path_factory
     return get
 
 
+@pytest.fixture(scope="session")
+def engine_client(engine_wheels, engine_shared, tmp_path_factory):
+    """speculators' environment (pinned, no vLLM in it), as its docs install it."""
+    from engine.clients import SPECULATORS
+    from vllm_overlay.testing.clientenv import ensure_client_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path_factory, network=True)
+        mp.setenv("VLLM_OVERLAY_PROJECT", str(harness.REPO))
+        return ensure_client_env(SPECULATORS)
+
+
+@pytest.fixture(scope="session")
+def server_session(engine_wheels, engine_models, engine_client, engine_shared, tmp_path_factory):
+    """``server_session(name)``: the result of the server session ``name`` of
+    clients.SERVER_SESSIONS (one ``vllm serve`` and its clients), run once per test run."""
+    from engine import clients
+
+    def get(name: str) -> dict:
+        wheel_kind = clients.SERVER_SESSIONS[name][0]
+        with pytest.MonkeyPatch.context() as mp:
+            isolate(mp, tmp_path_factory, network=True)
+            result = clients.run_server_session(
+                engine_shared, name, engine_wheels[wheel_kind], engine_models, engine_client
+            )
+        harness.report(engine_shared, name, clients.summary(name, result), "report-servers")
+        return result
+
+    return get
+
+
 def pytest_terminal_summary(terminalreporter, config):
     factory = getattr(config, "_tmp_path_factory", None)
     if factory is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    path = harness.shared_dir(factory.getbasetemp()) / "report"
+    shared = harness.shared_dir(factory.getbasetemp())
+    _engine_table(terminalreporter, shared / "report")
+    _server_table(terminalreporter, shared / "report-servers")
+
+
+def _server_table(tr, path: Path) -> None:
     rows = sorted(path.glob("*.json")) if path.is_dir() else []
     if not rows:
         return
-    tr = terminalreporter
+    tr.section("server sessions: vllm serve of our wheel and of the wheel without our changes")
+    tr.write_line(
+        f"{'session':15} {'start s':>7}  {'speculators files':>17} {'right rows':>11} "
+        f"{'max err':>7}  {'escaped':>7}  {'storm: requests':>15} {'left':>4} {'done':>4} "
+        f"{'checked':>7} {'aborted':>7} {'files left':>10} {'alive':>5} {'run s':>6}"
+    )
+    for f in rows:
+        d = json.loads(f.read_text())
+        tr.write_line(
+            f"{d['session']:15} {d['start_seconds'] or 0:7.1f}  {d['spec_files']:>17} "
+            f"{d['spec_right']:>11} {d['spec_err']:>7}  {d['escaped']:>7}  "
+            f"{d['storm_requests']:>15} {d['storm_disconnected']:>4} {d['storm_completed']:>4} "
+            f"{d['storm_verified']:>7} {d['storm_aborted']:>7} {d['storm_left']:>10} "
+            f"{d['alive']:>5} {d['seconds']:6.0f}"
+        )
+
+
+def _engine_table(tr, path: Path) -> None:
+    rows = sorted(path.glob("*.json")) if path.is_dir() else []
+    if not rows:
+        return
     tr.section("engine sessions (our wheel against the wheel without our changes)")
     tr.write_line(
         f"{'session':30} {'start s':>7} {'rows':>5} {'right':>5} {'zero':>5} {'NaN':>4} "

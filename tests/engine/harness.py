@@ -40,6 +40,8 @@ HIDDEN_STATE_CHANGES = (
     "hybrid-prefix-caching-hidden-states",
     "hidden-states-page-size-tp",
     "abort-safe-hidden-states-connector",
+    "hidden-states-connector-aborted-leave-no-files",
+    "hidden-states-connector-confined-paths",
 )
 # The relative L2 error a bf16 row may have against the float32 reference (the worst seen:
 # 0.0134, hybrid with tensor parallelism; dense 0.0082).
@@ -102,9 +104,11 @@ class Wheel:
 
 
 def engine_env(wheel: Path):
+    from engine.sessions import HS_CONNECTORS
     from vllm_overlay.testing.enginenv import ensure_engine_env
 
-    return ensure_engine_env(wheel, [PROBE])
+    # hs-connectors beside our wheel, as speculators installs it into the vLLM environment.
+    return ensure_engine_env(wheel, [PROBE], requirements=[HS_CONNECTORS])
 
 
 def tiny_models(env) -> dict[str, str]:
@@ -213,8 +217,28 @@ def run_session(
     )
 
 
-def report(shared: Path, name: str, figures: dict) -> None:
-    """Figures for the end-of-run table (see conftest.pytest_terminal_summary)."""
-    path = shared / "report" / f"{name}.json"
+def report(shared: Path, name: str, figures: dict, table: str = "report") -> None:
+    """Figures for an end-of-run table (see fixtures_engine.pytest_terminal_summary)."""
+    path = shared / table / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(figures, sort_keys=True))
+
+
+def check_files(env, model: str, layers: list[int], files: list[dict], where: Path,
+                tolerance: float = TOLERANCE) -> dict:  # fmt: skip
+    """``files`` (``{"name", "kept", "prompt"}``: a copy of a saved file and the token ids it
+    is for) against the Transformers reference, in the engine environment ``env``
+    (``driver.py --check``); the driver's result (per file: ``checks``; ``worst``)."""
+    where.mkdir(parents=True, exist_ok=True)
+    spec = {"model": model, "layers": layers, "tolerance": tolerance, "files": files}
+    (where / "check.json").write_text(json.dumps(spec, indent=2))
+    result = where / "check-result.json"
+    environ = env.environ(where / "work")
+    proc = subprocess.run(
+        [env.python, DRIVER, "--check", where / "check.json", result],
+        env=environ, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    shutil.rmtree(environ["VLLM_RPC_BASE_PATH"], ignore_errors=True)
+    if proc.returncode != 0 or not result.is_file():
+        raise RuntimeError(f"checking {len(files)} files failed:\n{proc.stderr[-4000:]}")
+    return json.loads(result.read_text())

@@ -17,6 +17,10 @@ from engine import harness
 ENGINE_DEFAULTS = {"kv_cache_memory_bytes": 128 * 1024 * 1024, "gpu_memory_utilization": 0.3}
 LAYERS = [1, 2, 4]  # several layers, 4 = the last of the tiny models' 4
 TOLERANCE = harness.TOLERANCE
+# hs-connectors' FP8 connector stores e4m3 values (3 mantissa bits) with a scale per row:
+# a row's relative L2 error against the float32 reference is the bf16 engine's plus the
+# quantization's (the worst seen: see docs/engine.md).
+FP8_TOLERANCE = 0.08
 
 
 def prompts(seed: int, *lengths: int) -> list[list[int]]:
@@ -62,11 +66,26 @@ SESSIONS = {
     "ours-hybrid-tp2": ("ours", "qwen3next",
                         {"enable_prefix_caching": False, "tensor_parallel_size": 2},
                         cases("batch", "long"), {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
+    # hs-connectors' FP8 connector (speculators' fp8 backend), loaded by module path.
+    "ours-hybrid-hs-connectors": ("ours", "qwen3next", {"enable_prefix_caching": False},
+                                  cases("batch", "long"), {}),
     "without-hybrid": ("without", "qwen3next", {"enable_prefix_caching": False},
                        cases("batch", "long", "abort"), {}),
     "without-hybrid-prefix-caching": ("without", "qwen3next", {"enable_prefix_caching": True},
                                       cases("batch"), {}),
 }  # fmt: skip
+
+# What a session's spec holds beyond the common one (see fixtures_engine.engine_session).
+HS_CONNECTORS = "hs-connectors==0.9.0"
+SPEC_EXTRA = {
+    "ours-hybrid-hs-connectors": {
+        "connector": {
+            "kv_connector": "FP8HiddenStatesConnector",
+            "kv_connector_module_path": "hs_connectors.fp8_hidden_states_connector",
+        },
+        "tolerance": FP8_TOLERANCE,
+    },
+}
 
 
 def summary(s: harness.Session) -> dict:

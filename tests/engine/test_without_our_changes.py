@@ -10,7 +10,7 @@ wrong, with the figures in its message and in the end-of-run table.
 from __future__ import annotations
 
 import pytest
-from engine.checks import assert_right
+from engine.checks import assert_layers_right, assert_right
 
 
 @pytest.mark.xfail(
@@ -59,3 +59,54 @@ def test_an_aborted_waiting_request_kills_the_engine(engine_session):
     assert died is not None and died["case"] == "abort", died
     assert "EngineDeadError" in died["error"], died
     assert "KeyError: 'abort-aborted" in s.log and "request_finished" in s.log
+
+
+# -- vllm serve and its clients (clients.py) ------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="without vllm#46301 speculators' files hold zero rows (speculators#613)",
+)
+def test_speculators_files_are_right(server_session):
+    spec = server_session("without-serve")["speculators"]
+    for name, checks in spec["checks"].items():
+        assert_layers_right(checks, f"speculators file {name}")
+
+
+def test_speculators_validation_accepts_files_of_zeros(server_session):
+    """speculators' --validate-outputs checks keys, token ids, length and NaN/Inf: it stops
+    at a file with NaN rows, and accepts the files of zeros before it."""
+    spec = server_session("without-serve")["speculators"]
+    assert spec["files"], spec["generate"]["log_tail"]
+    worst = spec["worst"]
+    assert worst["right_rows"] == 0, worst
+    assert worst["zero_rows"] >= worst["rows"] // 2, worst
+    accepted = [c for c in spec["checks"].values() if all(
+        lay["nan_rows"] == 0 for lay in c["layers"])]  # fmt: skip
+    layers = [lay for c in accepted for lay in c["layers"]]
+    assert layers and all(lay["right_rows"] == 0 for lay in layers), accepted
+    assert sum(lay["zero_rows"] for lay in layers) >= sum(lay["rows"] for lay in layers) // 2
+
+
+def test_a_client_chosen_request_id_writes_outside_the_storage(server_session):
+    """Without hidden-states-connector-confined-paths the X-Request-Id header (or the body's
+    request_id) names directories: `x/../../escaped` leaves the storage directory, and so
+    does `link/planted` through a symlinked directory in it."""
+    probes = server_session("without-serve")["probes-non-fatal"]
+    for name in ("header-dot-dot", "body-request-id-dot-dot", "header-symlinked-dir"):
+        assert not probes["probes"][name]["in_storage"], (name, probes["probes"][name])
+    assert any(p.startswith("escaped-header") for p in probes["outside_storage"]), probes
+    assert any(p.startswith("escaped-body") for p in probes["outside_storage"]), probes
+    assert any(p.startswith("planted") for p in probes["outside_dir"]), probes
+
+
+def test_aborts_under_load_kill_the_engine(server_session):
+    """vllm#56841: the first abort of a request still waiting killed EngineCore, and with it
+    the server: the requests after it fail and the server stays dead."""
+    r = server_session("without-serve")
+    storm = r["storm"]
+    assert not storm["healthy_after"], storm["outcomes"]
+    assert storm["outcomes"].get("failed", 0) > 0, storm["outcomes"]
+    assert any("KeyError" in line for line in r["log_errors"]), r["log_errors"][:20]

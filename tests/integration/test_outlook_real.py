@@ -26,11 +26,15 @@ EXPECTED = {  # 0.25.0 0.25.1 0.26.0 0.27.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0
     "cpu-mamba-batch-memcpy": "DDDDDDDDDDD",
     "cpu-mamba-align-postprocess": "RRRRRRRRCCC",  # ours
     "cpu-zero-new-attention-blocks": "DDDDDDDDDDD",
+    "cli-version-of-any-distribution": "KKKRRRRCCCC",  # ours: 0.30.0 reworks the CLI's main
     "hidden-states-connector-cpu-cache": "RRRRRRRCCCC",  # ours
     "hybrid-hidden-states-block-size": "DDDDDDDDDDD",
     "hybrid-prefix-caching-hidden-states": "KKCCCDDDDDD",
     "hidden-states-page-size-tp": "KKCCCRRDDDD",
     "abort-safe-hidden-states-connector": "RRRRRRCCDDD",
+    # ours, on top of #56841's request_finished: from 0.31.0 on upstream's own
+    "hidden-states-connector-aborted-leave-no-files": "RRRRRRCCRRR",
+    "hidden-states-connector-confined-paths": "RRRRRRRCCCC",  # ours (vllm#51448 is open)
 }
 
 

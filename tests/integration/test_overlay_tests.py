@@ -40,12 +40,13 @@ def patched_tree(tmp_path) -> Path:
 
 @pytest.fixture
 def pristine_tree(tmp_path) -> Path:
-    """Pristine vLLM at the pin, plus the test files the overlay adds as the whole series
-    leaves them (and nothing else)."""
+    """Pristine vLLM at the pin, plus the test files the overlay adds (its tests and the
+    helpers they import) as the whole series leaves them (and nothing else)."""
     lock, overlay = read_lock(ROOT / "upstream.lock"), load_overlay(ROOT / "overlay")
     tree = apply_overlay(lock, None, tmp_path / "pristine").checkout
     final = final_tree(plan(lock, overlay, *upstream_repo(lock)))
-    for path in {t.split("::")[0] for t in overlay_tests()}:
+    added = {p for change in overlay.changes for p in change.files if p.startswith("tests/")}
+    for path in added | {t.split("::")[0] for t in overlay_tests()}:
         if lock.base.get(path) == ABSENT:
             dest = tree / path
             dest.parent.mkdir(parents=True, exist_ok=True)

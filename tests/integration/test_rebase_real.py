@@ -30,6 +30,7 @@ CPU_ENABLERS = [
     "cpu-mamba-batch-memcpy",  # 0.25.0
     "cpu-mamba-align-postprocess",  # ours
     "cpu-zero-new-attention-blocks",  # 0.25.0
+    "cli-version-of-any-distribution",  # ours
     "hidden-states-connector-cpu-cache",  # ours
 ]
 HIDDEN_STATES = [
@@ -37,6 +38,8 @@ HIDDEN_STATES = [
     "hybrid-prefix-caching-hidden-states",  # vllm#51108, 0.28.0
     "hidden-states-page-size-tp",  # vllm#50894, 0.30.0
     "abort-safe-hidden-states-connector",  # vllm#56841, 0.31.0
+    "hidden-states-connector-aborted-leave-no-files",  # ours
+    "hidden-states-connector-confined-paths",  # ours
 ]
 SERIES = CPU_ENABLERS + HIDDEN_STATES
 IN_0_25 = [
@@ -105,6 +108,8 @@ def test_real_rebase_0_24_to_0_25(tmp_path: Path):
         "abort-safe-hidden-states-connector",
         "cpu-gdn-ssm-state-float32",
         "cpu-mamba-align-postprocess",
+        "hidden-states-connector-aborted-leave-no-files",
+        "hidden-states-connector-confined-paths",
         "hidden-states-connector-cpu-cache",
     ]
     lock = assert_written(root, "0.25.0", carried)

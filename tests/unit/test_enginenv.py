@@ -84,3 +84,37 @@ def test_testenv_wheel_refuses_bad_input(tmp_path, cli, bad):
         (tmp_path / bad).mkdir()
         res = cli("testenv", "--wheel", wheel(tmp_path, CPU_REQUIRES), "--extra", tmp_path / bad)
         assert res.rc == 2 and "no pyproject.toml" in res.err
+
+
+def test_extra_requirements_from_the_index_are_pinned_and_in_the_recipe(tmp_path):
+    w = wheel(tmp_path, CPU_REQUIRES)
+    plain = enginenv.recipe(w, pinned=False)
+    with_connector = enginenv.recipe(w, requirements=["hs-connectors==0.9.0"], pinned=False)
+    assert with_connector.requirements == ("hs-connectors==0.9.0",)
+    assert with_connector.hash != plain.hash
+    with pytest.raises(enginenv.EngineEnvError, match="pin one version"):
+        enginenv.recipe(w, requirements=["hs-connectors>=0.9"], pinned=False)
+
+
+def test_console_scripts_point_at_where_the_environment_lives(tmp_path, monkeypatch):
+    """A console script names the interpreter it was installed with: the staging directory,
+    gone once the environment is renamed into place."""
+    from vllm_overlay.testing import envbuild
+
+    monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(tmp_path / "cache"))
+
+    def build(staging):
+        bin_dir = staging / "venv" / "bin"
+        bin_dir.mkdir(parents=True)
+        (bin_dir / "python").write_text("")
+        script = bin_dir / "vllm"
+        script.write_text(f"#!{bin_dir}/python\nimport sys\n")
+        script.chmod(0o755)
+        (bin_dir / "activate").write_text(f'VIRTUAL_ENV="{staging}/venv"\n')
+        return {"recipe_hash": "abc"}
+
+    final = envbuild.ensure("abc", "a test environment", build)
+    script = final / "venv" / "bin" / "vllm"
+    assert script.read_text().splitlines()[0] == f"#!{final}/venv/bin/python"
+    assert script.stat().st_mode & 0o777 == 0o755
+    assert f'"{final}/venv"' in (final / "venv" / "bin" / "activate").read_text()

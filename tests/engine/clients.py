@@ -1,0 +1,373 @@
+"""The real clients against ``vllm serve`` of our wheel: speculators' offline data generation,
+clients that send what they should not, and a crowd of clients that disconnect.
+
+A server session is one ``vllm serve`` (one wheel, one configuration) and the parts of
+SERVER_SESSIONS run against it one after another; it runs once per pytest run, whichever
+xdist worker asks first (a lock; the other reads the same result.json), like the offline
+engine sessions of harness.py. Every file the server wrote for a client is checked against
+the Transformers reference in the engine environment (``harness.check_files``): the check
+speculators' own ``--validate-outputs`` lacks (it passes all-zero tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from engine import harness, server
+from engine.sessions import ENGINE_DEFAULTS, LAYERS, prompts
+
+SPECULATORS = "speculators==0.9.0"
+# As the issue's measurement ran it: requests wait (2 at a time, 32 tokens a step), so a
+# disconnect lands before scheduling, during a chunked prefill or after completion.
+SERVE_ENGINE = {
+    **ENGINE_DEFAULTS,
+    "dtype": "bfloat16",
+    "max_model_len": 1024,
+    "max_num_batched_tokens": 32,
+    "max_num_seqs": 2,
+    "enforce_eager": True,
+    "seed": 0,
+    "enable_prefix_caching": False,
+    "enable_log_requests": True,  # "Aborted request(s) …" lines: the engine's abort count
+}
+STORM = {"requests": 64, "concurrency": 16, "disconnect_share": 1 / 3, "max_delay": 1.5}
+SPECULATORS_ROWS = prompts(11, 5, 17, 32, 33, 64, 90, 128, 200)
+
+
+# -- speculators --------------------------------------------------------------------------
+
+
+def _run(cmd: list, env: dict, where: Path, name: str, timeout: float = 900) -> dict:
+    t0 = time.monotonic()
+    with open(where / f"{name}.log", "w") as log:
+        proc = subprocess.run([str(c) for c in cmd], env=env, cwd=where, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=timeout, check=False)  # fmt: skip
+    return {"rc": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
+            "log_tail": (where / f"{name}.log").read_text()[-3000:]}  # fmt: skip
+
+
+def run_speculators(srv: server.Server, client, model: str, where: Path) -> dict:
+    """speculators' pipeline as its docs run it: ``prepare-data`` on a local JSONL of token
+    ids, then ``generate-offline-data --validate-outputs --fail-on-error`` against the
+    server; then every file it wrote against the reference."""
+    where.mkdir(parents=True, exist_ok=True)
+    data = where / "data.jsonl"
+    data.write_text("".join(
+        json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n" for p in SPECULATORS_ROWS
+    ))  # fmt: skip
+    env = client.environ(where / "work")
+    out: dict = {"rows": len(SPECULATORS_ROWS)}
+    out["prepare"] = _run([client.bin("speculators"), "prepare-data", "--model", model,
+                           "--data", data, "--output", where / "prepared", "--seq-length", "512",
+                           "--num-preprocessing-workers", "1"], env, where, "prepare-data")  # fmt: skip
+    if out["prepare"]["rc"] != 0:
+        return out
+    out["generate"] = _run([client.bin("speculators"), "generate-offline-data",
+                            "--endpoint", f"{srv.url}/v1", "--model", model,
+                            "--preprocessed-data", where / "prepared",
+                            "--output", where / "hidden_states", "--concurrency", "4",
+                            "--validate-outputs", "--fail-on-error"], env, where,
+                           "generate-offline-data")  # fmt: skip
+    # The token ids each file is for are the ones it holds (prepare-data shuffles the rows).
+    files = sorted((where / "hidden_states").glob("hs_*.safetensors"))
+    out["files"] = [{"name": f.name, "kept": str(f)} for f in files]
+    out["storage_left"] = server.everything_under(srv.storage)
+    shutil.rmtree(env["TMPDIR"], ignore_errors=True)
+    return out
+
+
+# -- what clients may send ----------------------------------------------------------------
+
+
+def _probe_list(outside: Path, fatal: bool) -> list[tuple]:
+    """(name, headers, extra body) of each probe; ``fatal``: also those that took a pristine
+    connector's engine down."""
+    p = prompts(21, 12)[0]
+    probes = [
+        ("header-dot-dot", {"X-Request-Id": "x/../../escaped-header"}, {}),
+        ("header-absolute", {"X-Request-Id": f"{outside}/absolute"}, {}),
+        ("header-symlinked-dir", {"X-Request-Id": "link/planted"}, {}),
+        ("body-request-id-dot-dot", {}, {"request_id": "y/../../escaped-body"}),
+        ("custom-path-disallowed", {},
+         {"kv_transfer_params": {"hidden_states_path": str(outside / "custom.safetensors")}}),
+        ("custom-path-not-a-string", {}, {"kv_transfer_params": {"hidden_states_path": 5}}),
+        ("kv-transfer-params-not-an-object", {}, {"kv_transfer_params": "not an object"}),
+        ("kv-transfer-params-list", {}, {"kv_transfer_params": [1, 2]}),
+    ]  # fmt: skip
+    if fatal:
+        probes.append(("header-too-long", {"X-Request-Id": "z" * 300}, {}))
+    return [(name, headers, body, p) for name, headers, body in probes]
+
+
+def run_probes(srv: server.Server, where: Path, fatal: bool) -> dict:
+    """Request ids and hidden_states_path values that try to leave the storage directory,
+    and malformed kv_transfer_params; what the server answered and what it wrote where."""
+    shared = srv.storage.parent  # .../shared: the storage directory's parent
+    outside = where / "outside"
+    outside.mkdir(parents=True, exist_ok=True)
+    (srv.storage / "cmpl-link").symlink_to(outside, target_is_directory=True)
+    results, prompts_by_name = {}, {}
+    for name, headers, body, prompt in _probe_list(outside, fatal):
+        reply = srv.complete(prompt, headers=headers, timeout=120, **body)
+        entry = {"status": reply.status}
+        params = reply.body.get("kv_transfer_params") if isinstance(reply.body, dict) else None
+        path = (params or {}).get("hidden_states_path")
+        if path:
+            entry["path"] = path
+            entry["in_storage"] = Path(path).resolve().parent == srv.storage.resolve()
+            prompts_by_name[name] = prompt
+        elif isinstance(reply.body, dict):
+            entry["error"] = str(reply.body.get("error", reply.body))[:300]
+        entry["healthy_after"] = srv.healthy()
+        results[name] = entry
+        if not entry["healthy_after"]:
+            break
+    # Where the files went, before a client reads (moves) them.
+    out = {
+        "probes": results,
+        "outside_storage": [
+            p for p in server.everything_under(shared) if not p.startswith(srv.storage.name)
+        ],  # fmt: skip
+        "outside_dir": server.everything_under(outside),
+    }
+    files = []
+    for name, prompt in prompts_by_name.items():
+        kept = where / "saved" / f"{name}.safetensors"
+        try:
+            server.read_locked(results[name]["path"], kept)
+            files.append({"name": name, "kept": str(kept), "prompt": prompt})
+        except (OSError, TimeoutError) as e:
+            results[name]["read_error"] = f"{type(e).__name__}: {e}"
+    (srv.storage / "cmpl-link").unlink()
+    out["storage_left"] = server.everything_under(srv.storage)
+    out["files"] = files
+    return out
+
+
+# -- aborts under load --------------------------------------------------------------------
+
+
+def _client(srv: server.Server, i: int, prompt: list[int], delay: float | None) -> dict:
+    entry: dict = {"i": i, "tokens": len(prompt), "disconnect_after": delay}
+    t0 = time.monotonic()
+    try:
+        reply = srv.complete(prompt, headers={"X-Request-Id": f"storm-{i}"},
+                             timeout=delay if delay is not None else 300)  # fmt: skip
+    except TimeoutError:
+        entry["outcome"] = "disconnected"
+    except OSError as e:
+        entry["outcome"] = f"connection error: {type(e).__name__}"
+    else:
+        params = reply.body.get("kv_transfer_params") if isinstance(reply.body, dict) else None
+        entry["status"] = reply.status
+        entry["path"] = (params or {}).get("hidden_states_path")
+        entry["outcome"] = "completed" if reply.status == 200 and entry["path"] else "failed"
+    entry["seconds"] = round(time.monotonic() - t0, 3)
+    return entry
+
+
+def run_storm(srv: server.Server, where: Path, *, requests: int,
+              concurrency: int, disconnect_share: float, max_delay: float, seed: int = 0) -> dict:  # fmt: skip
+    """``requests`` clients, ``concurrency`` at a time; a seeded share of them disconnects
+    after a random delay. Then: every completed request's file read and checked, the server
+    asked again, what is left in the storage directory, the KV cache's usage."""
+    rng = random.Random(seed)
+    plan = [
+        (i, [rng.randrange(1, 512) for _ in range(rng.randrange(8, 120))],
+         round(rng.uniform(0, max_delay), 3) if rng.random() < disconnect_share else None)
+        for i in range(requests)
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        clients = list(pool.map(lambda a: _client(srv, *a), plan))
+    out: dict = {"requests": requests, "seconds": round(time.monotonic() - t0, 1)}
+    prompts_by_i = {i: p for i, p, _ in plan}
+    files = []
+    for c in clients:
+        if c["outcome"] == "completed":
+            kept = where / "saved" / f"storm-{c['i']}.safetensors"
+            try:
+                server.read_locked(c["path"], kept)
+                files.append({"name": f"storm-{c['i']}", "kept": str(kept),
+                              "prompt": prompts_by_i[c["i"]]})  # fmt: skip
+            except (OSError, TimeoutError) as e:
+                c["read_error"] = f"{type(e).__name__}: {e}"
+    out["clients"] = clients
+    out["outcomes"] = {k: sum(1 for c in clients if c["outcome"] == k)
+                       for k in sorted({c["outcome"] for c in clients})}  # fmt: skip
+    out["healthy_after"] = srv.healthy()
+    if out["healthy_after"]:
+        follow = srv.complete(prompts(22, 40)[0], timeout=120)
+        out["follow_up_status"] = follow.status
+        # Files of requests that finished after their client left: complete, not aborted.
+        leftovers = _wait_settled(srv.storage)
+        out["storage_left"] = leftovers
+        for name in leftovers:
+            if name.endswith(".safetensors") and name.startswith("cmpl-storm-"):
+                i = int(name.split("-")[2])
+                kept = where / "left" / name
+                server.read_locked(str(srv.storage / name), kept)
+                files.append({"name": f"left-{i}", "kept": str(kept), "prompt": prompts_by_i[i]})
+        follow_path = (follow.body.get("kv_transfer_params") or {}).get("hidden_states_path") \
+            if isinstance(follow.body, dict) else None  # fmt: skip
+        if follow_path:
+            server.read_locked(follow_path, where / "saved" / "follow-up.safetensors")
+        out["storage_after_reading"] = server.everything_under(srv.storage)
+        out["kv_cache_usage"] = _wait_metric(srv, "vllm:kv_cache_usage_perc", 0.0)
+        out["engine_aborts"] = sum(
+            line.count("storm-")
+            for line in srv.log.read_text(errors="replace").splitlines()
+            if "Aborted request(s)" in line
+        )
+        out["engine_finished"] = _finished(srv)
+    out["files"] = files
+    out["files_verified"] = len(files)
+    return out
+
+
+def check(parts: dict[str, dict], engine_env, model: str, where: Path) -> None:
+    """Every file the parts got against the reference, in one ``driver.py --check`` (one
+    Transformers load); into each part: ``checks`` per file, the ``token_ids`` they hold,
+    ``worst`` and ``wrong_files`` (a row not right)."""
+    files = [{**f, "name": f"{part}/{f['name']}"}
+             for part, out in parts.items() for f in out.get("files", [])]  # fmt: skip
+    if not files:
+        return
+    checked = harness.check_files(engine_env, model, LAYERS, files, where / "check")
+    for part, out in parts.items():
+        mine = [(f["name"].split("/", 1)[1], f) for f in checked["files"]
+                if f["name"].split("/", 1)[0] == part]  # fmt: skip
+        if not mine:
+            continue
+        layers = [lay for _, f in mine for lay in f["checks"]["layers"]]
+        out["checks"] = {name: f["checks"] for name, f in mine}
+        out["token_ids"] = sorted(f["prompt"] for _, f in mine)
+        out["worst"] = {
+            "max_rel_err": max(lay["max_rel_err"] for lay in layers),
+            **{
+                k: sum(lay[k] for lay in layers)
+                for k in ("rows", "right_rows", "zero_rows", "nan_rows")
+            },  # fmt: skip
+        }
+        out["wrong_files"] = [name for name, f in mine
+                              if any(lay["right_rows"] != lay["rows"]
+                                     for lay in f["checks"]["layers"])]  # fmt: skip
+
+
+def _wait_settled(storage: Path, seconds: float = 10) -> list[str]:
+    """The storage directory's content once the engine's next steps have run (a lock of an
+    aborted request is removed at the step after the abort)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        names = server.everything_under(storage)
+        if time.monotonic() > deadline or not any(n.endswith(".lock") and n[:-5] not in names
+                                                  for n in names):  # fmt: skip
+            return names
+        time.sleep(0.5)
+
+
+def _wait_metric(srv: server.Server, name: str, want: float, seconds: float = 15) -> float | None:
+    deadline = time.monotonic() + seconds
+    value = srv.metric(name)
+    while value != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+        value = srv.metric(name)
+    return value
+
+
+def _finished(srv: server.Server) -> float | None:
+    """Requests the engine finished (all of the server's, by vLLM's request_success counter,
+    which does not count aborted ones)."""
+    return srv.metric("vllm:request_success_total")
+
+
+def log_errors(log: Path) -> list[str]:
+    """The server log's lines that say the engine failed."""
+    marks = ("Traceback", "EngineCore encountered", "EngineDeadError", "ERROR", "KeyError")
+    return [ln[:300] for ln in log.read_text(errors="replace").splitlines()
+            if any(m in ln for m in marks)]  # fmt: skip
+
+
+# -- the session --------------------------------------------------------------------------
+
+# name -> (wheel, model, parts). "without" runs its fatal part last.
+SERVER_SESSIONS = {
+    "ours-serve": ("ours", "qwen3next", ("speculators", "probes", "storm")),
+    "without-serve": ("without", "qwen3next", ("speculators", "probes-non-fatal", "storm")),
+}
+
+
+def run_server_session(shared: Path, name: str, wheel, models: dict, client) -> dict:
+    """Run the server session ``name`` once per pytest run; its result."""
+    from vllm_overlay import util
+
+    wheel_kind, model_name, parts = SERVER_SESSIONS[name]
+    where = shared / "servers" / name
+    with util.exclusive_lock(where.with_suffix(".lock"), f"server session {name}",
+                             timeout=harness.SESSION_TIMEOUT):  # fmt: skip
+        result_file = where / "result.json"
+        if result_file.is_file():
+            return json.loads(result_file.read_text())
+        shutil.rmtree(where, ignore_errors=True)
+        where.mkdir(parents=True)
+        model = models[model_name]
+        result: dict = {"wheel": wheel.kind, "start_error": None}
+        t0 = time.monotonic()
+        try:
+            with server.serving(wheel.env, model, where, layers=LAYERS,
+                                engine=SERVE_ENGINE) as srv:  # fmt: skip
+                result["start_seconds"] = srv.start_seconds
+                for part in parts:
+                    p0 = time.monotonic()
+                    if part == "speculators":
+                        out = run_speculators(srv, client, model, where / part)
+                    elif part.startswith("probes"):
+                        out = run_probes(srv, where / part, fatal=part == "probes")
+                    else:
+                        out = run_storm(srv, where / part, **STORM)
+                    out["part_seconds"] = round(time.monotonic() - p0, 1)
+                    result[part] = out
+                result["healthy_at_end"] = srv.healthy()
+                # Before the server is stopped: its shutdown logs errors of its own.
+                result["log_errors"] = log_errors(srv.log)
+        except RuntimeError as e:
+            result["start_error"] = str(e)[:2000]
+        # The server is stopped: its CPU is the check's.
+        check({part: result[part] for part in parts if part in result}, wheel.env, model, where)
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        tmp = result_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2, sort_keys=True))
+        tmp.replace(result_file)
+        return result
+
+
+def summary(name: str, r: dict) -> dict:
+    """A server session's figures for the end-of-run table."""
+    spec, storm, probes = r.get("speculators", {}), r.get("storm", {}), {}
+    for part in ("probes", "probes-non-fatal"):
+        probes = r.get(part, probes)
+    worst = spec.get("worst") or {}
+    outcomes = storm.get("outcomes", {})
+    err = worst.get("max_rel_err")
+    return {
+        "session": name,
+        "start_seconds": r.get("start_seconds"),
+        "spec_files": f"{len(spec.get('files', []))}/{spec.get('rows', 0)}",
+        "spec_right": f"{worst.get('right_rows', 0)}/{worst.get('rows', 0)}",
+        "spec_err": "-" if err is None else f"{err:.4f}",
+        "escaped": len(probes.get("outside_storage", [])) + len(probes.get("outside_dir", [])),
+        "storm_requests": storm.get("requests", 0),
+        "storm_disconnected": outcomes.get("disconnected", 0),
+        "storm_completed": outcomes.get("completed", 0),
+        "storm_verified": storm.get("files_verified", 0),
+        "storm_aborted": int(storm.get("engine_aborts") or 0),
+        "storm_left": len(storm.get("storage_after_reading", [])),
+        "alive": "yes" if r.get("healthy_at_end") else "no",
+        "seconds": r.get("seconds", 0),
+    }

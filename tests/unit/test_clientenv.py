@@ -1,0 +1,33 @@
+"""The client environment's recipe (speculators beside `vllm serve`, no vLLM in it)."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_overlay.testing import clientenv
+
+
+def test_the_recipe_follows_the_pinned_set(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    (project / "constraints").mkdir(parents=True)
+    (project / "upstream.lock").write_text("")
+    monkeypatch.setenv("VLLM_OVERLAY_PROJECT", str(project))
+    free = clientenv.recipe("speculators==0.9.0")
+    assert free.constraints_file == "" and free.name == "speculators"
+    pins = project / "constraints" / "client-speculators-0.9.0.txt"
+    pins.write_text("torch==2.11.0\n")
+    pinned = clientenv.recipe("speculators==0.9.0")
+    assert pinned.constraints_file == "constraints/client-speculators-0.9.0.txt"
+    assert pinned.hash != free.hash
+    assert clientenv.recipe("speculators==0.9.0", pinned=False).hash == free.hash
+    assert clientenv.recipe("speculators==0.8.0").hash != free.hash
+
+
+@pytest.mark.parametrize("req", ["speculators", "speculators>=0.9", "speculators==0.9,<1"])
+def test_the_client_is_one_pinned_version(req):
+    with pytest.raises(clientenv.ClientEnvError, match="pin one version"):
+        clientenv.recipe(req)
+
+
+def test_testenv_client_alone(cli, tmp_path):
+    res = cli("testenv", "--client", "speculators==0.9.0", "--tree", tmp_path)
+    assert res.rc == 2 and "--client REQ alone" in res.err

@@ -1,0 +1,208 @@
+"""The client environment: a pipeline that talks to ``vllm serve``, installed on its own.
+
+Our users' training-data pipelines do not import vLLM: speculators' docs put vLLM in a
+separate environment and its ``generate-offline-data`` talks to the server over HTTP. The
+engine tests run that client as users do, from an environment of its own holding one pinned
+requirement (``speculators==0.9.0``) and what it needs, and no vLLM. Built with uv by the one
+builder (``envbuild.ensure``), cached under ``cache_dir()/testenv/<recipe hash>``.
+
+What the recipe holds: the requirement, the exact set pinned in the project's
+``constraints/client-<name>-<version>.txt`` (``vllm-overlay testenv --client REQ --freeze``
+writes it; torch in it is the engine environment's, so uv links it from its cache instead of
+downloading another build), Python 3.11 and a format number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from vllm_overlay import util
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.testing import envbuild, installer
+from vllm_overlay.testing.childenv import (
+    CLIENT_TMP_PREFIX,
+    clean_environ,
+    scratch_environ,
+    short_dir,
+)
+from vllm_overlay.testing.envbuild import VENV, root
+from vllm_overlay.testing.testenv import CONSTRAINTS_DIR, FREEZE, PYTHON, _python_for
+
+FORMAT = 1
+
+
+class ClientEnvError(OverlayError):
+    """The client environment cannot be built (the requirement is not one pinned version, or
+    the index lacks a package)."""
+
+
+@dataclass(frozen=True)
+class ClientRecipe:
+    format: int
+    python: str
+    requirement: str  # "speculators==0.9.0"
+    constraints_file: str = ""  # constraints/client-speculators-0.9.0.txt; "": resolved freely
+    constraints: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    @property
+    def name(self) -> str:
+        return str(canonicalize_name(Requirement(self.requirement).name))
+
+
+@dataclass(frozen=True)
+class ClientEnv:
+    path: Path
+    python: Path
+    recipe_hash: str
+    version: str  # the requirement's installed version
+
+    def bin(self, command: str) -> Path:
+        """A console script of the environment (``speculators``)."""
+        return self.python.parent / command
+
+    def environ(self, workdir: Path) -> dict[str, str]:
+        """``scratch_environ``'s, the environment's bin first on PATH, the Hugging Face hub
+        offline, and temporary files in a short directory (``childenv.short_dir``; the caller
+        removes it): the datasets library's worker manager listens on an AF_UNIX socket
+        there, whose path may not exceed 107 bytes."""
+        env = scratch_environ(Path(workdir).resolve())
+        env["PATH"] = os.pathsep.join([os.fspath(self.python.parent), env.get("PATH", "")])
+        tmp = os.fspath(short_dir(workdir, CLIENT_TMP_PREFIX))
+        env.update({"TMPDIR": tmp, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        return env
+
+
+def _pinned_version(requirement: str) -> str:
+    spec = list(Requirement(requirement).specifier)
+    if len(spec) != 1 or spec[0].operator != "==":
+        raise ClientEnvError(f"client {requirement!r}: pin one version (name==version)")
+    return spec[0].version
+
+
+def constraints_path(requirement: str, project: Path | None = None) -> Path | None:
+    """The committed constraints file of the client environment for ``requirement``."""
+    version = _pinned_version(requirement)
+    if project is None:
+        try:
+            project = util.project_root()
+        except OverlayError:
+            return None
+    name = canonicalize_name(Requirement(requirement).name)
+    return project / CONSTRAINTS_DIR / f"client-{name}-{version}.txt"
+
+
+def recipe(requirement: str, *, pinned: bool = True) -> ClientRecipe:
+    _pinned_version(requirement)
+    cfile, ctext = "", ""
+    path = constraints_path(requirement) if pinned else None
+    if path is not None and path.is_file():
+        cfile, ctext = f"{CONSTRAINTS_DIR}/{path.name}", path.read_text()
+    return ClientRecipe(FORMAT, PYTHON, requirement, cfile, ctext)
+
+
+def load(path: Path) -> ClientEnv | None:
+    marker = envbuild.read_marker(path)
+    try:
+        return ClientEnv(
+            path=path,
+            python=path / VENV / "bin" / "python",
+            recipe_hash=marker["recipe_hash"],
+            version=marker["version"],
+        )
+    except (KeyError, TypeError):
+        return None
+
+
+def ensure_client_env(
+    requirement: str,
+    *,
+    seed_constraints: str = "",
+    rebuild: bool = False,
+    pinned: bool = True,
+) -> ClientEnv:
+    """The client environment of ``requirement``: the cached one, else built now.
+    ``seed_constraints`` (constraints text) applies where no constraints file pins the set:
+    what ``--freeze`` resolves against (the engine environment's torch)."""
+    rec = recipe(requirement, pinned=pinned)
+    if not rec.constraints and seed_constraints:
+        rec = ClientRecipe(FORMAT, PYTHON, requirement, "(seed)", seed_constraints)
+    final = root() / rec.hash
+    existing = None if rebuild else load(final)
+    if existing is not None:
+        return existing
+    envbuild.ensure(
+        rec.hash,
+        f"the client environment {rec.hash} ({rec.requirement})",
+        lambda staging: _build(rec, staging),
+        rebuild=rebuild,
+    )
+    env = load(final)
+    if env is None:  # pragma: no cover - the marker was just written
+        raise OverlayError(f"the client environment at {final} is incomplete; run it again")
+    util.info(f"clientenv: ready at {final} ({rec.requirement})")
+    return env
+
+
+def _build(rec: ClientRecipe, staging: Path) -> dict:
+    started = time.monotonic()
+    inst = installer.installer()
+    util.info(f"clientenv: building {rec.hash} for {rec.requirement} in {staging} ({inst.name})")
+    if not rec.constraints:
+        util.info(
+            f"clientenv: no constraints file for {rec.requirement}: resolving freely. Pin it "
+            "with `vllm-overlay testenv --client REQ --freeze` and commit the file."
+        )
+    env = inst.env(clean_environ())
+    env.setdefault("UV_CACHE_DIR", os.fspath(util.cache_dir() / "uv"))
+    python = inst.venv(_python_for(rec.python), staging / VENV, env)
+    args: list[str] = []
+    if rec.constraints:
+        util.atomic_write_text(staging / "src" / "constraints.txt", rec.constraints)
+        args += ["-c", os.fspath(staging / "src" / "constraints.txt")]
+    args.append(rec.requirement)
+    try:
+        out = inst.install(python, args, env, hint="")
+    except OverlayError as e:
+        raise ClientEnvError(
+            f"the client environment of {rec.requirement} cannot be built"
+            + (f" with the set pinned in {rec.constraints_file}" if rec.constraints_file else "")
+            + f": {e}"
+        ) from e
+    util.atomic_write_text(staging / "install.log", out.stdout + out.stderr)
+    util.atomic_write_text(staging / FREEZE, inst.freeze(python, env))
+    version = util.run(
+        python,
+        "-c",
+        f"import importlib.metadata as m; print(m.version({rec.name!r}))",
+        env=env,
+    ).stdout.strip()
+    util.atomic_write_text(staging / "recipe.json", rec.to_json())
+    seconds = round(time.monotonic() - started, 1)
+    util.info(f"clientenv: built in {seconds} s")
+    return {"recipe_hash": rec.hash, "version": version, "build_seconds": seconds}
+
+
+def freeze_constraints(env: ClientEnv, rec: ClientRecipe) -> str:
+    """The constraints file text that pins ``env``'s packages (the requirement left out)."""
+    lines = envbuild.pinned_lines(env.path / FREEZE, [rec.name])
+    head = (
+        f"# The client environment of {rec.requirement}: the exact set every build installs\n"
+        "# with it. Generated by `vllm-overlay testenv --client REQ --freeze`; regenerate it\n"
+        "# the same way (to take newer versions) and commit it.\n"
+    )
+    return head + "".join(f"{ln}\n" for ln in lines)
