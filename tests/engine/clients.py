@@ -52,25 +52,45 @@ def _run(cmd: list, env: dict, where: Path, name: str, timeout: float = 900) -> 
             "log_tail": (where / f"{name}.log").read_text()[-3000:]}  # fmt: skip
 
 
-def run_speculators(srv: server.Server, client, model: str, where: Path) -> dict:
-    """speculators' pipeline as its docs run it: ``prepare-data`` on a local JSONL of token
-    ids, then ``generate-offline-data --validate-outputs --fail-on-error`` against the
-    server; then every file it wrote against the reference."""
+def prepare_speculators_data(client, model: str, shared: Path) -> dict:
+    """speculators' ``prepare-data`` on a local JSONL of token ids (``input_ids``,
+    ``loss_mask``), once per pytest run: it needs no server, and every server session's
+    ``generate-offline-data`` reads the same prepared dataset."""
+    from vllm_overlay import util
+
+    where = shared / "speculators-data"
+    with util.exclusive_lock(where.with_suffix(".lock"), "speculators' prepared data"):
+        done = where / "prepare.json"
+        if done.is_file():
+            return json.loads(done.read_text())
+        shutil.rmtree(where, ignore_errors=True)
+        where.mkdir(parents=True)
+        data = where / "data.jsonl"
+        data.write_text("".join(
+            json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n"
+            for p in SPECULATORS_ROWS
+        ))  # fmt: skip
+        env = client.environ(where / "work")
+        out = _run([client.bin("speculators"), "prepare-data", "--model", model,
+                    "--data", data, "--output", where / "prepared", "--seq-length", "512",
+                    "--num-preprocessing-workers", "1"], env, where, "prepare-data")  # fmt: skip
+        shutil.rmtree(env["TMPDIR"], ignore_errors=True)
+        out["prepared"] = str(where / "prepared")
+        done.write_text(json.dumps(out))
+        return out
+
+
+def run_speculators(srv: server.Server, client, prepared: dict, model: str, where: Path) -> dict:
+    """speculators' ``generate-offline-data --validate-outputs --fail-on-error`` against the
+    server, on the prepared dataset; the files it wrote, for the reference check."""
     where.mkdir(parents=True, exist_ok=True)
-    data = where / "data.jsonl"
-    data.write_text("".join(
-        json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n" for p in SPECULATORS_ROWS
-    ))  # fmt: skip
     env = client.environ(where / "work")
-    out: dict = {"rows": len(SPECULATORS_ROWS)}
-    out["prepare"] = _run([client.bin("speculators"), "prepare-data", "--model", model,
-                           "--data", data, "--output", where / "prepared", "--seq-length", "512",
-                           "--num-preprocessing-workers", "1"], env, where, "prepare-data")  # fmt: skip
-    if out["prepare"]["rc"] != 0:
+    out: dict = {"rows": len(SPECULATORS_ROWS), "prepare": prepared}
+    if prepared["rc"] != 0:
         return out
     out["generate"] = _run([client.bin("speculators"), "generate-offline-data",
                             "--endpoint", f"{srv.url}/v1", "--model", model,
-                            "--preprocessed-data", where / "prepared",
+                            "--preprocessed-data", prepared["prepared"],
                             "--output", where / "hidden_states", "--concurrency", "4",
                             "--validate-outputs", "--fail-on-error"], env, where,
                            "generate-offline-data")  # fmt: skip
@@ -303,8 +323,10 @@ SERVER_SESSIONS = {
 }
 
 
-def run_server_session(shared: Path, name: str, wheel, models: dict, client) -> dict:
-    """Run the server session ``name`` once per pytest run; its result."""
+def run_server_session(shared: Path, name: str, wheel, models: dict, client,
+                       prepared: dict) -> dict:  # fmt: skip
+    """Run the server session ``name`` once per pytest run (``prepared``: speculators' data,
+    from prepare_speculators_data); its result."""
     from vllm_overlay import util
 
     wheel_kind, model_name, parts = SERVER_SESSIONS[name]
@@ -326,7 +348,7 @@ def run_server_session(shared: Path, name: str, wheel, models: dict, client) -> 
                 for part in parts:
                     p0 = time.monotonic()
                     if part == "speculators":
-                        out = run_speculators(srv, client, model, where / part)
+                        out = run_speculators(srv, client, prepared, model, where / part)
                     elif part.startswith("probes"):
                         out = run_probes(srv, where / part, fatal=part == "probes")
                     else:
@@ -368,6 +390,7 @@ def summary(name: str, r: dict) -> dict:
         "storm_verified": storm.get("files_verified", 0),
         "storm_aborted": int(storm.get("engine_aborts") or 0),
         "storm_left": len(storm.get("storage_after_reading", [])),
+        "storm_seconds": storm.get("seconds", 0),
         "alive": "yes" if r.get("healthy_at_end") else "no",
         "seconds": r.get("seconds", 0),
     }

@@ -120,7 +120,21 @@ def engine_client(engine_wheels, engine_shared, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server_session(engine_wheels, engine_models, engine_client, engine_shared, tmp_path_factory):
+def speculators_data(engine_client, engine_models, engine_shared, tmp_path_factory) -> dict:
+    """speculators' prepare-data on the tests' JSONL, once per run (it needs no server)."""
+    from engine import clients
+
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path_factory, network=True)
+        return clients.prepare_speculators_data(
+            engine_client, engine_models["qwen3next"], engine_shared
+        )
+
+
+@pytest.fixture(scope="session")
+def server_session(
+    engine_wheels, engine_models, engine_client, speculators_data, engine_shared, tmp_path_factory
+):
     """``server_session(name)``: the result of the server session ``name`` of
     clients.SERVER_SESSIONS (one ``vllm serve`` and its clients), run once per test run."""
     from engine import clients
@@ -130,7 +144,12 @@ def server_session(engine_wheels, engine_models, engine_client, engine_shared, t
         with pytest.MonkeyPatch.context() as mp:
             isolate(mp, tmp_path_factory, network=True)
             result = clients.run_server_session(
-                engine_shared, name, engine_wheels[wheel_kind], engine_models, engine_client
+                engine_shared,
+                name,
+                engine_wheels[wheel_kind],
+                engine_models,
+                engine_client,
+                speculators_data,
             )
         harness.report(engine_shared, name, clients.summary(name, result), "report-servers")
         return result
@@ -154,8 +173,9 @@ def _server_table(tr, path: Path) -> None:
     tr.section("server sessions: vllm serve of our wheel and of the wheel without our changes")
     tr.write_line(
         f"{'session':15} {'start s':>7}  {'speculators files':>17} {'right rows':>11} "
-        f"{'max err':>7}  {'escaped':>7}  {'storm: requests':>15} {'left':>4} {'done':>4} "
-        f"{'checked':>7} {'aborted':>7} {'files left':>10} {'alive':>5} {'run s':>6}"
+        f"{'max err':>7}  {'escaped':>7}  {'storm: requests':>15} {'gone':>4} {'done':>4} "
+        f"{'checked':>7} {'aborted':>7} {'files left':>10} {'storm s':>7} {'alive':>5} "
+        f"{'run s':>6}"
     )
     for f in rows:
         d = json.loads(f.read_text())
@@ -164,7 +184,7 @@ def _server_table(tr, path: Path) -> None:
             f"{d['spec_right']:>11} {d['spec_err']:>7}  {d['escaped']:>7}  "
             f"{d['storm_requests']:>15} {d['storm_disconnected']:>4} {d['storm_completed']:>4} "
             f"{d['storm_verified']:>7} {d['storm_aborted']:>7} {d['storm_left']:>10} "
-            f"{d['alive']:>5} {d['seconds']:6.0f}"
+            f"{d['storm_seconds']:7.1f} {d['alive']:>5} {d['seconds']:6.0f}"
         )
 
 

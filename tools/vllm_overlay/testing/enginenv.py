@@ -98,8 +98,8 @@ class EngineEnv:
     def environ(self, workdir: Path) -> dict[str, str]:
         """The environment for running vLLM from this environment: ``scratch_environ``'s
         (no leaking Python setup, temporary files under ``workdir``), the environment's
-        ``bin`` first on PATH, vLLM's cache in the environment, its ZeroMQ sockets in a short
-        directory
+        ``bin`` first on PATH, vLLM's and torch inductor's caches in the environment, vLLM's
+        ZeroMQ sockets in a short directory
         (``childenv.short_dir``; the caller removes it), the Hugging Face hub offline,
         usage statistics off."""
         workdir = Path(workdir).resolve()
@@ -111,6 +111,11 @@ class EngineEnv:
                 # (in a child Python, ~15 s a start) is keyed by the module's hash and written
                 # atomically, so every run of this environment shares it.
                 "VLLM_CACHE_ROOT": os.fspath(self.path / "vllm-cache"),
+                # Likewise torch's: even with enforce_eager vLLM compiles the CPU sampler
+                # (TopKTopPSampler.forward_cpu) with inductor, a C++ build of ~15 s per
+                # start; inductor keys its cache by the code, the ISA and torch, and writes
+                # it atomically. Its default, under TMPDIR, is per run here.
+                "TORCHINDUCTOR_CACHE_DIR": os.fspath(self.path / "inductor-cache"),
                 "VLLM_RPC_BASE_PATH": os.fspath(short_dir(workdir, RPC_PREFIX)),
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
