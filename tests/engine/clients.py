@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import subprocess
 import time
@@ -172,41 +173,130 @@ def run_probes(srv: server.Server, where: Path, fatal: bool) -> dict:
 
 # -- aborts under load --------------------------------------------------------------------
 
+# The storm: a crowd of clients of which a seeded share leaves mid-request, then clients
+# that leave while their requests wait. Every disconnect hits a request that is in flight by
+# construction, whatever the machine's speed, and the server's side confirms it:
+# - a leaver streams a long request (LONG_TOKENS tokens, ignore_eos) and disconnects after
+#   its first event, which says the request is still running (no finish_reason);
+# - then two such long requests take the engine's max_num_seqs=2 slots (their first events
+#   say they run), WAITING requests are sent behind them, and their clients leave once the
+#   server's vllm:num_requests_waiting gauge counts them: aborts of waiting requests
+#   (what killed EngineCore without vllm#56841).
+# The engine must log an abort for every request whose client left.
+STORM = {"requests": 64, "concurrency": 16, "leave_share": 1 / 3, "waiting": 4}
+LONG_TOKENS = 800  # prompt (< 120 tokens) + 800 < max_model_len (1024)
+# How long the server may take to reach a state the test waits for (an abort logged, the
+# KV cache freed, a lock removed): a deadline for a slow machine, not an expected time.
+SETTLE_SECONDS = 300
+_STORM_ID = re.compile(r"storm-(?:hold-|waiting-)?\d+")
 
-def _client(srv: server.Server, i: int, prompt: list[int], delay: float | None) -> dict:
-    entry: dict = {"i": i, "tokens": len(prompt), "disconnect_after": delay}
+
+def wait_for(read, done, seconds: float = SETTLE_SECONDS, every: float = 0.5):
+    """Poll ``read()`` until ``done(value)`` or ``seconds`` pass: (the last value, whether
+    the condition held). The caller fails with the value seen."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = read()
+        if done(value):
+            return value, True
+        if time.monotonic() > deadline:
+            return value, False
+        time.sleep(every)
+
+
+def aborted_ids(log: Path) -> set[str]:
+    """The storm's request ids the engine logged as aborted (``Aborted request(s) …``)."""
+    return {
+        m.group(0)
+        for line in log.read_text(errors="replace").splitlines()
+        if "Aborted request(s)" in line
+        for m in _STORM_ID.finditer(line)
+    }
+
+
+def _leave_running(srv: server.Server, request_id: str, prompt: list[int]) -> dict:
+    """Stream a long request, leave after its first event; the outcome says whether the
+    request was still running when its client left."""
+    req = srv.open(prompt, request_id=request_id, stream=True, max_tokens=LONG_TOKENS)
+    try:
+        first = req.first_chunk()
+    finally:
+        req.leave()
+    if first["status"] != 200:
+        return {"outcome": "failed", "status": first["status"], "error": first.get("error")}
+    if first["finish_reason"] is not None:  # cannot happen with LONG_TOKENS; said if it does
+        return {"outcome": "finished before its client left", "first": first}
+    return {"outcome": "disconnected"}
+
+
+def _client(srv: server.Server, i: int, prompt: list[int], leaves: bool) -> dict:
+    entry: dict = {"i": i, "tokens": len(prompt), "leaves": leaves}
     t0 = time.monotonic()
     try:
-        reply = srv.complete(prompt, headers={"X-Request-Id": f"storm-{i}"},
-                             timeout=delay if delay is not None else 300)  # fmt: skip
-    except TimeoutError:
-        entry["outcome"] = "disconnected"
-    except OSError as e:
+        if leaves:
+            entry.update(_leave_running(srv, f"storm-{i}", prompt))
+        else:
+            reply = srv.complete(prompt, headers={"X-Request-Id": f"storm-{i}"}, timeout=600)
+            params = reply.body.get("kv_transfer_params") if isinstance(reply.body, dict) else None
+            entry["status"] = reply.status
+            entry["path"] = (params or {}).get("hidden_states_path")
+            entry["outcome"] = "completed" if reply.status == 200 and entry["path"] else "failed"
+    except OSError as e:  # TimeoutError included
         entry["outcome"] = f"connection error: {type(e).__name__}"
-    else:
-        params = reply.body.get("kv_transfer_params") if isinstance(reply.body, dict) else None
-        entry["status"] = reply.status
-        entry["path"] = (params or {}).get("hidden_states_path")
-        entry["outcome"] = "completed" if reply.status == 200 and entry["path"] else "failed"
     entry["seconds"] = round(time.monotonic() - t0, 3)
     return entry
 
 
-def run_storm(srv: server.Server, where: Path, *, requests: int,
-              concurrency: int, disconnect_share: float, max_delay: float, seed: int = 0) -> dict:  # fmt: skip
-    """``requests`` clients, ``concurrency`` at a time; a seeded share of them disconnects
-    after a random delay. Then: every completed request's file read and checked, the server
-    asked again, what is left in the storage directory, the KV cache's usage."""
+def _leave_waiting(srv: server.Server, waiting: int) -> dict:
+    """Two long requests hold both of the engine's slots; ``waiting`` requests queue behind
+    them and their clients leave once the server counts them as waiting."""
+    out: dict = {"requests": waiting}
+    holds = [srv.open(p, request_id=f"storm-hold-{k}", stream=True, max_tokens=LONG_TOKENS)
+             for k, p in enumerate(prompts(23, 8, 9))]  # fmt: skip
+    try:
+        firsts = []
+        for h in holds:
+            try:
+                firsts.append(h.first_chunk())
+            except OSError as e:
+                firsts.append({"status": None, "error": f"{type(e).__name__}: {e}"})
+        out["holds"] = firsts
+        if not all(f["status"] == 200 and f.get("finish_reason") is None for f in firsts):
+            return out  # the premise failed: the test says so with these events
+        waits = [srv.open(p, request_id=f"storm-waiting-{k}")
+                 for k, p in enumerate(prompts(24, *[16] * waiting))]  # fmt: skip
+        out["seen_waiting"], out["all_waiting"] = wait_for(
+            lambda: srv.metric("vllm:num_requests_waiting"),
+            lambda v: v is not None and v >= waiting,
+        )
+        out["running_when_left"] = srv.metric("vllm:num_requests_running")
+        for w in waits:
+            w.leave()
+        out["left"] = [w.request_id for w in waits]
+    finally:
+        for h in holds:
+            h.leave()
+    return out
+
+
+def run_storm(srv: server.Server, where: Path, *, requests: int, concurrency: int,
+              leave_share: float, waiting: int, seed: int = 0) -> dict:  # fmt: skip
+    """``requests`` clients, ``concurrency`` at a time, a seeded share of which leaves while
+    its request runs; then ``waiting`` clients that leave while theirs wait (see STORM).
+    Then: every completed request's file read and checked, the server asked again, what is
+    left in the storage directory, the KV cache's usage, the aborts the engine logged."""
     rng = random.Random(seed)
     plan = [
         (i, [rng.randrange(1, 512) for _ in range(rng.randrange(8, 120))],
-         round(rng.uniform(0, max_delay), 3) if rng.random() < disconnect_share else None)
+         rng.random() < leave_share)
         for i in range(requests)
     ]  # fmt: skip
     t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         clients = list(pool.map(lambda a: _client(srv, *a), plan))
-    out: dict = {"requests": requests, "seconds": round(time.monotonic() - t0, 1)}
+    out: dict = {"requests": requests, "leavers": sum(1 for *_, leaves in plan if leaves)}
+    out["waiting"] = _leave_waiting(srv, waiting) if srv.healthy() else {"skipped": "server dead"}
+    out["seconds"] = round(time.monotonic() - t0, 1)
     prompts_by_i = {i: p for i, p, _ in plan}
     files = []
     for c in clients:
@@ -221,16 +311,30 @@ def run_storm(srv: server.Server, where: Path, *, requests: int,
     out["clients"] = clients
     out["outcomes"] = {k: sum(1 for c in clients if c["outcome"] == k)
                        for k in sorted({c["outcome"] for c in clients})}  # fmt: skip
+    left = [f"storm-{c['i']}" for c in clients if c["outcome"] == "disconnected"]
+    left += out["waiting"].get("left", []) + [
+        f"storm-hold-{k}" for k, f in enumerate(out["waiting"].get("holds", []))
+        if f["status"] == 200 and f.get("finish_reason") is None
+    ]  # fmt: skip
+    out["left"] = left
     out["healthy_after"] = srv.healthy()
     if out["healthy_after"]:
-        follow = srv.complete(prompts(22, 40)[0], timeout=120)
+        follow = srv.complete(prompts(22, 40)[0], timeout=600)
         out["follow_up_status"] = follow.status
-        # Files of requests that finished after their client left: complete, not aborted.
-        leftovers = _wait_settled(srv.storage)
+        # The engine aborts each request whose client left (the server's side of the
+        # disconnect); a lock of an aborted request goes at the step after.
+        seen, out["all_aborted"] = wait_for(lambda: aborted_ids(srv.log), set(left).issubset)
+        out["not_aborted"] = sorted(set(left) - seen)
+        leftovers, out["settled"] = wait_for(lambda: server.everything_under(srv.storage),
+                                             lambda names: not _orphan_locks(names))  # fmt: skip
         out["storage_left"] = leftovers
+        # Files of requests that finished after their client left: complete, not aborted.
         for name in leftovers:
             if name.endswith(".safetensors") and name.startswith("cmpl-storm-"):
-                i = int(name.split("-")[2])
+                m = re.match(r"cmpl-storm-(\d+)", name)
+                if m is None:  # a hold's or a waiting request's: none is expected
+                    continue
+                i = int(m.group(1))
                 kept = where / "left" / name
                 server.read_locked(str(srv.storage / name), kept)
                 files.append({"name": f"left-{i}", "kept": str(kept), "prompt": prompts_by_i[i]})
@@ -239,16 +343,19 @@ def run_storm(srv: server.Server, where: Path, *, requests: int,
         if follow_path:
             server.read_locked(follow_path, where / "saved" / "follow-up.safetensors")
         out["storage_after_reading"] = server.everything_under(srv.storage)
-        out["kv_cache_usage"] = _wait_metric(srv, "vllm:kv_cache_usage_perc", 0.0)
-        out["engine_aborts"] = sum(
-            line.count("storm-")
-            for line in srv.log.read_text(errors="replace").splitlines()
-            if "Aborted request(s)" in line
+        out["kv_cache_usage"], out["kv_cache_freed"] = wait_for(
+            lambda: srv.metric("vllm:kv_cache_usage_perc"), lambda v: v == 0.0
         )
-        out["engine_finished"] = _finished(srv)
+        out["engine_aborts"] = len(seen)
+        out["engine_finished"] = srv.metric("vllm:request_success_total")
     out["files"] = files
     out["files_verified"] = len(files)
     return out
+
+
+def _orphan_locks(names: list[str]) -> list[str]:
+    """Locks without their file: an aborted request's, until the engine's next step."""
+    return [n for n in names if n.endswith(".lock") and n[: -len(".lock")] not in names]
 
 
 def check(parts: dict[str, dict], engine_env, model: str, where: Path) -> None:
@@ -280,33 +387,6 @@ def check(parts: dict[str, dict], engine_env, model: str, where: Path) -> None:
                                      for lay in f["checks"]["layers"])]  # fmt: skip
 
 
-def _wait_settled(storage: Path, seconds: float = 10) -> list[str]:
-    """The storage directory's content once the engine's next steps have run (a lock of an
-    aborted request is removed at the step after the abort)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        names = server.everything_under(storage)
-        if time.monotonic() > deadline or not any(n.endswith(".lock") and n[:-5] not in names
-                                                  for n in names):  # fmt: skip
-            return names
-        time.sleep(0.5)
-
-
-def _wait_metric(srv: server.Server, name: str, want: float, seconds: float = 15) -> float | None:
-    deadline = time.monotonic() + seconds
-    value = srv.metric(name)
-    while value != want and time.monotonic() < deadline:
-        time.sleep(0.5)
-        value = srv.metric(name)
-    return value
-
-
-def _finished(srv: server.Server) -> float | None:
-    """Requests the engine finished (all of the server's, by vLLM's request_success counter,
-    which does not count aborted ones)."""
-    return srv.metric("vllm:request_success_total")
-
-
 def log_errors(log: Path) -> list[str]:
     """The server log's lines that say the engine failed."""
     marks = ("Traceback", "EngineCore encountered", "EngineDeadError", "ERROR", "KeyError")
@@ -323,13 +403,15 @@ SERVER_SESSIONS = {
 }
 
 
-def run_server_session(shared: Path, name: str, wheel, models: dict, client,
+def run_server_session(shared: Path, name: str, wheels: dict, models: dict, client,
                        prepared: dict) -> dict:  # fmt: skip
-    """Run the server session ``name`` once per pytest run (``prepared``: speculators' data,
-    from prepare_speculators_data); its result."""
+    """Run the server session ``name`` once per pytest run, with its wheel of ``wheels``
+    and its model of ``models`` (``prepared``: speculators' data, from
+    prepare_speculators_data); its result."""
     from vllm_overlay import util
 
     wheel_kind, model_name, parts = SERVER_SESSIONS[name]
+    wheel = wheels[wheel_kind]
     where = shared / "servers" / name
     with util.exclusive_lock(where.with_suffix(".lock"), f"server session {name}",
                              timeout=harness.SESSION_TIMEOUT):  # fmt: skip
@@ -345,6 +427,7 @@ def run_server_session(shared: Path, name: str, wheel, models: dict, client,
             with server.serving(wheel.env, model, where, layers=LAYERS,
                                 engine=SERVE_ENGINE) as srv:  # fmt: skip
                 result["start_seconds"] = srv.start_seconds
+                result["served_version"] = srv.request("GET", "/version", timeout=60).body
                 for part in parts:
                     p0 = time.monotonic()
                     if part == "speculators":
@@ -385,7 +468,7 @@ def summary(name: str, r: dict) -> dict:
         "spec_err": "-" if err is None else f"{err:.4f}",
         "escaped": len(probes.get("outside_storage", [])) + len(probes.get("outside_dir", [])),
         "storm_requests": storm.get("requests", 0),
-        "storm_disconnected": outcomes.get("disconnected", 0),
+        "storm_disconnected": len(storm.get("left", [])),
         "storm_completed": outcomes.get("completed", 0),
         "storm_verified": storm.get("files_verified", 0),
         "storm_aborted": int(storm.get("engine_aborts") or 0),

@@ -140,13 +140,12 @@ def server_session(
     from engine import clients
 
     def get(name: str) -> dict:
-        wheel_kind = clients.SERVER_SESSIONS[name][0]
         with pytest.MonkeyPatch.context() as mp:
             isolate(mp, tmp_path_factory, network=True)
             result = clients.run_server_session(
                 engine_shared,
                 name,
-                engine_wheels[wheel_kind],
+                engine_wheels,
                 engine_models,
                 engine_client,
                 speculators_data,

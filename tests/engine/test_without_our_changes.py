@@ -40,8 +40,9 @@ def test_hybrid_extraction_saves_zeros_and_no_right_row(engine_session):
             assert r["checks"]["proposer"]["rows_equal"] == 0, r["checks"]["proposer"]
     assert rows > 0 and right == 0, f"{right} of {rows} rows right"
     # Which other slots the reads hit varies from run to run (1677 and 1034 zero rows of
-    # 1680 in two runs here); most are unwritten.
-    assert zero >= rows // 2, f"{zero} of {rows} rows zero"
+    # 1680 in two runs here), so only their presence is asserted: reads past the slots
+    # written find the cache's zeros.
+    assert zero > 0, f"{zero} of {rows} rows zero"
 
 
 def test_prefix_caching_refuses_to_start(engine_session):
@@ -81,13 +82,12 @@ def test_speculators_validation_accepts_files_of_zeros(server_session):
     spec = server_session("without-serve")["speculators"]
     assert spec["files"], spec["generate"]["log_tail"]
     worst = spec["worst"]
-    assert worst["right_rows"] == 0, worst
-    assert worst["zero_rows"] >= worst["rows"] // 2, worst
+    assert worst["right_rows"] == 0 and worst["zero_rows"] > 0, worst
     accepted = [c for c in spec["checks"].values() if all(
         lay["nan_rows"] == 0 for lay in c["layers"])]  # fmt: skip
     layers = [lay for c in accepted for lay in c["layers"]]
     assert layers and all(lay["right_rows"] == 0 for lay in layers), accepted
-    assert sum(lay["zero_rows"] for lay in layers) >= sum(lay["rows"] for lay in layers) // 2
+    assert sum(lay["zero_rows"] for lay in layers) > 0, accepted
 
 
 def test_a_client_chosen_request_id_writes_outside_the_storage(server_session):
@@ -103,10 +103,12 @@ def test_a_client_chosen_request_id_writes_outside_the_storage(server_session):
 
 
 def test_aborts_under_load_kill_the_engine(server_session):
-    """vllm#56841: the first abort of a request still waiting killed EngineCore, and with it
-    the server: the requests after it fail and the server stays dead."""
+    """vllm#56841: the abort of a request still waiting killed EngineCore, and with it the
+    server. The storm's waiting phase builds that case (two long requests hold both slots,
+    the server counts the requests behind them as waiting, their clients leave)."""
     r = server_session("without-serve")
     storm = r["storm"]
+    waiting = storm["waiting"]
+    assert waiting.get("all_waiting"), waiting
     assert not storm["healthy_after"], storm["outcomes"]
-    assert storm["outcomes"].get("failed", 0) > 0, storm["outcomes"]
     assert any("KeyError" in line for line in r["log_errors"]), r["log_errors"][:20]
