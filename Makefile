@@ -46,7 +46,7 @@ ifeq ($(INSTALLER),uv)
 # packaging too: the installer module below (pip's indexes as uv options) imports it.
 	$(VENV)/bin/python -m pip install -q -c constraints.txt uv packaging
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -c constraints.txt \
-	    $$(PYTHONPATH=tools $(VENV)/bin/python -m vllm_overlay.testing.installer) -e '.[test]' \
+	    $$(PYTHONPATH=tools $(VENV)/bin/python -m vllm_overlay.envs.installer) -e '.[test]' \
 	  || $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
 else
 	$(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'

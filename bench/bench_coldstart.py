@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 from vllm_overlay import util  # noqa: E402
-from vllm_overlay.testing.childenv import clean_environ  # noqa: E402
+from vllm_overlay.envs.childenv import clean_environ  # noqa: E402
 
 PHASES = ("venv", "testenv", "unit", "test", "upstream", "warm")
 CI_PYTEST_ARGS = "PYTEST_ARGS=-n 2 --dist worksteal"  # .ci/run's, less its reporting flags

@@ -73,7 +73,7 @@ def real_testenv(real_tree, tmp_path_factory):
     """The CPU test environment of the pinned release (pinned by the project's constraints/),
     built or found once per session and shared by every integration test that runs vLLM's
     tests."""
-    from vllm_overlay.testing.testenv import ensure_testenv
+    from vllm_overlay.envs.testenv import ensure_testenv
 
     with pytest.MonkeyPatch.context() as mp:
         isolate(mp, tmp_path_factory, network=True)

@@ -111,7 +111,7 @@ def engine_session(engine_wheels, engine_models, engine_shared, tmp_path_factory
 def engine_client(engine_wheels, engine_shared, tmp_path_factory):
     """speculators' environment (pinned, no vLLM in it), as its docs install it."""
     from engine.clients import SPECULATORS
-    from vllm_overlay.testing.clientenv import ensure_client_env
+    from vllm_overlay.envs.clientenv import ensure_client_env
 
     with pytest.MonkeyPatch.context() as mp:
         isolate(mp, tmp_path_factory, network=True)

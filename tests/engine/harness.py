@@ -100,12 +100,12 @@ def build_cpu_wheel(project_root: Path, out: Path) -> Path:
 class Wheel:
     kind: str  # "ours" | "without"
     path: Path
-    env: object  # vllm_overlay.testing.enginenv.EngineEnv
+    env: object  # vllm_overlay.envs.enginenv.EngineEnv
 
 
 def engine_env(wheel: Path):
     from engine.sessions import HS_CONNECTORS
-    from vllm_overlay.testing.enginenv import ensure_engine_env
+    from vllm_overlay.envs.enginenv import ensure_engine_env
 
     # hs-connectors beside our wheel, as speculators installs it into the vLLM environment.
     return ensure_engine_env(wheel, [PROBE], requirements=[HS_CONNECTORS])
@@ -117,7 +117,7 @@ def tiny_models(env) -> dict[str, str]:
     import hashlib
 
     from vllm_overlay import util
-    from vllm_overlay.testing.testenv import FREEZE
+    from vllm_overlay.envs.testenv import FREEZE
 
     writers = [
         line for line in (env.path / FREEZE).read_text().splitlines()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fixtures_build import metadata_wheel as wheel
 from synthetic import IndexServer
-from vllm_overlay.testing import enginenv, envbuild
+from vllm_overlay.envs import enginenv, envbuild
 
 
 def test_a_package_the_index_lacks_names_it_and_the_variant(tmp_path, monkeypatch):

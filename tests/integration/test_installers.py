@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from vllm_overlay import util
-from vllm_overlay.testing import childenv
+from vllm_overlay.envs import childenv
 
 
 @pytest.mark.parametrize("kind", ["uv", "pip"])
@@ -16,7 +16,7 @@ def test_the_installer_reads_pips_indexes_and_installs_the_pinned_version(
 ):
     """A real venv and install, offline: pip's index and find-links, a constraint."""
     from fixtures_publish import make_wheel
-    from vllm_overlay.testing import installer
+    from vllm_overlay.envs import installer
 
     links = tmp_path / "links"
     links.mkdir()

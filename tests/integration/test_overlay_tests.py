@@ -14,12 +14,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from vllm_overlay.envs.testenv import recipe
 from vllm_overlay.overlay.checkout import apply_overlay, plan
 from vllm_overlay.overlay.model import load_overlay
 from vllm_overlay.overlay.series import final_tree
 from vllm_overlay.pin.lockfile import ABSENT, read_lock
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.testing.testenv import recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 END_TO_END = "test_hybrid_verifier_hidden_states_round_trip"

@@ -14,7 +14,8 @@ import pytest
 from conftest import FIXED_CONNECTOR_SNIPPET
 from synthetic import ADDED_TEST, CONNECTOR, release_files
 from vllm_overlay import util
-from vllm_overlay.testing import childenv, proving
+from vllm_overlay.envs import childenv
+from vllm_overlay.testing import proving
 from vllm_overlay.testing import side as sides
 from vllm_overlay.testing.report import TOTAL_KEYS
 

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_overlay.testing import testenv
+from vllm_overlay.envs import testenv
 
 ROOT = Path(__file__).resolve().parents[2]
 

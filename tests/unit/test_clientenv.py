@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from vllm_overlay.testing import clientenv
+from vllm_overlay.envs import clientenv
 
 
 def test_the_recipe_follows_the_pinned_set(tmp_path, monkeypatch):

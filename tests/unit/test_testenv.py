@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from vllm_overlay import util
+from vllm_overlay.envs import childenv, testenv
 from vllm_overlay.errors import BusyError, OverlayError
-from vllm_overlay.testing import childenv, testenv
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 
 from vllm_overlay import __version__, util
+from vllm_overlay.envs import cache
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.index.auth import redact
 
@@ -37,17 +38,23 @@ COMMANDS = (
     "rebase",
     "outlook",
     "track",
+    "cache",
 )
 
 MODULES = {"import": "import_"}  # verbs whose module name is a Python keyword
 
 EPILOG = """\
-The pipeline: lock -> fetch -> apply -> build -> verify -> suite -> publish; rebase moves the
-overlay to a new vLLM release. Downloads are cached under $VLLM_OVERLAY_CACHE
-(default ~/.cache/vllm-overlay), keyed by sha256. The package index comes from pip's own
-configuration (PIP_INDEX_URL, pip.conf) unless --index-url is given. Processes sharing a
-cache or a project wait for each other's locks (up to --lock-timeout seconds).
-Exit status: 0 success, 1 an expected failure (the message says what to do), 2 usage error.
+The pipeline: lock -> fetch -> apply (edit, export; import starts a change from upstream
+work) -> build -> verify -> suite -> publish. Carrying it forward: outlook shows every change
+against every newer vLLM release, rebase moves the overlay to one, track does that on a
+branch with proofs (what the daily workflow runs). cache shows and prunes the cache.
+
+Downloads and environments are cached under $VLLM_OVERLAY_CACHE (default
+~/.cache/vllm-overlay), keyed by content; --cache-max-size caps it. The package index comes
+from pip's own configuration (PIP_INDEX_URL, pip.conf) unless --index-url is given.
+Processes sharing a cache or a project wait for each other's locks (up to --lock-timeout
+seconds). Exit status: 0 success, 1 an expected failure (the message says what to do),
+2 usage error.
 """
 
 
@@ -71,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long to wait for a cache or project lock another vllm-overlay process holds "
         f"before giving up (default: ${util.LOCK_TIMEOUT_ENV}, else "
         f"{util.DEFAULT_LOCK_TIMEOUT:g}; 0 gives up at once)",
+    )
+    parser.add_argument(
+        "--cache-max-size",
+        metavar="SIZE",
+        type=_size,
+        help="keep the cache under SIZE (20G, 500M): builds remove the least recently used "
+        f"entries past it (default: ${cache.MAX_SIZE_ENV}, else no cap)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
@@ -102,6 +116,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _size(text: str) -> int:
+    try:
+        return cache.parse_size(text)
+    except OverlayError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -111,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.project:
         os.environ["VLLM_OVERLAY_PROJECT"] = os.path.abspath(args.project)
     util.set_lock_timeout(args.lock_timeout)
+    cache.set_max_size(args.cache_max_size)
     try:
         return int(args._run(args) or 0)
     except OverlayError as e:

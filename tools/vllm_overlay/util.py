@@ -190,6 +190,36 @@ def _lock_holder(fd: int) -> str:
     return text if text.isdigit() else "unknown"
 
 
+def _acquire(fd: int, op: int, lock_path: Path, what: str, limit: float) -> None:
+    """flock ``fd`` with ``op`` (LOCK_EX or LOCK_SH), waiting up to ``limit`` seconds and
+    saying once for what; BusyError after that."""
+    deadline = time.monotonic() + limit
+    said = False
+    while True:
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+        holder = _lock_holder(fd)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BusyError(
+                f"another vllm-overlay process is using {what} (held by pid {holder}, "
+                f"lock {lock_path}); gave up after waiting {limit:g} s. Wait for it to "
+                "finish, or give it longer with --lock-timeout SECONDS (or "
+                f"{LOCK_TIMEOUT_ENV}), then run this again."
+            )
+        if not said:
+            info(
+                f"waiting for {what}, held by pid {holder} (lock {lock_path}; giving up "
+                f"after {limit:g} s, see --lock-timeout)"
+            )
+            said = True
+        time.sleep(min(_LOCK_POLL, left))
+
+
 @contextlib.contextmanager
 def exclusive_lock(
     lock_path: str | os.PathLike[str], what: str, *, timeout: float | None = None
@@ -206,31 +236,7 @@ def exclusive_lock(
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        deadline = time.monotonic() + limit
-        said = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-            holder = _lock_holder(fd)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BusyError(
-                    f"another vllm-overlay process is using {what} (held by pid {holder}, "
-                    f"lock {lock_path}); gave up after waiting {limit:g} s. Wait for it to "
-                    "finish, or give it longer with --lock-timeout SECONDS (or "
-                    f"{LOCK_TIMEOUT_ENV}), then run this again."
-                )
-            if not said:
-                info(
-                    f"waiting for {what}, held by pid {holder} (lock {lock_path}; giving up "
-                    f"after {limit:g} s, see --lock-timeout)"
-                )
-                said = True
-            time.sleep(min(_LOCK_POLL, left))
+        _acquire(fd, fcntl.LOCK_EX, lock_path, what, limit)
         before = os.fstat(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -242,6 +248,70 @@ def exclusive_lock(
             os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
     finally:
         os.close(fd)
+
+
+def shared_lock(
+    lock_path: str | os.PathLike[str], what: str, *, timeout: float | None = None
+) -> int:
+    """A shared flock on ``lock_path``, as an open descriptor the caller closes to release it:
+    "in use" (any number of holders) against ``exclusive_lock``'s "being changed" (one). A
+    holder of the exclusive lock is waited for as ``exclusive_lock`` waits."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        _acquire(fd, fcntl.LOCK_SH, lock_path, what, lock_timeout() if timeout is None else timeout)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def lock_if_free(lock_path: str | os.PathLike[str]) -> Iterator[bool]:
+    """The exclusive flock on ``lock_path`` if nobody holds it (shared or exclusive) now:
+    yields True holding it, False without waiting where it is taken (the entry is in use)."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+# lock path -> descriptor holding its shared lock: the cache entries this process uses.
+_held: dict[Path, int] = {}
+
+
+def hold(lock_path: str | os.PathLike[str], what: str) -> None:
+    """Mark a cache entry in use by this process until it exits (or ``release``): a shared
+    lock on the entry's lock, which its writer and a prune take exclusively (a prune passes
+    the entry by). Waits, as ``exclusive_lock`` does, while a writer holds it."""
+    lock = Path(lock_path)
+    if lock not in _held:
+        _held[lock] = shared_lock(lock, what)
+
+
+def release(lock_path: str | os.PathLike[str]) -> None:
+    """Stop holding an entry (``hold``): this process's own shared lock would block the
+    exclusive one it takes to rebuild the entry."""
+    fd = _held.pop(Path(lock_path), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def touch(path: str | os.PathLike[str]) -> None:
+    """Record a use of the cache entry at ``path``: its modification time is its last use."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
 
 
 def project_root(start: Path | None = None) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from vllm_overlay.commands._options import add_index_url, add_source
+from vllm_overlay.envs import cache
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.trees import upstream_repo
@@ -44,4 +45,5 @@ def run(args: argparse.Namespace) -> int:
         for a in lock.wheels():
             print(f"{a.filename}: {ensure_artifact(a, index_url=args.index_url)}")
     print(f"{lock.upstream.name} {lock.upstream.version} ({args.source}) base {base}")
+    cache.enforce_cap(keep=[repo])  # what was fetched is held in use: never removed here
     return 0

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from vllm_overlay import util
+from vllm_overlay.envs import clientenv, enginenv, testenv
 from vllm_overlay.errors import UsageError
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.pin.lockfile import read_lock
-from vllm_overlay.testing import clientenv, enginenv, testenv
 
 HELP = "build or show the environment vLLM's tests run in (from a tree, or a built wheel)"
 DESCRIPTION = """\

@@ -21,7 +21,7 @@ from vllm_overlay.errors import DownloadError, IntegrityError
 from vllm_overlay.index.auth import redact
 from vllm_overlay.index.client import IndexClient, IndexFile, configured_index_urls
 from vllm_overlay.pin.lockfile import Artifact
-from vllm_overlay.util import cache_dir, exclusive_lock, info, sha256_file
+from vllm_overlay.util import cache_dir, exclusive_lock, hold, info, release, sha256_file, touch
 
 CHUNK = 1 << 20
 
@@ -123,6 +123,10 @@ def ensure_artifact(
     """
     root = cache_dir()
     dest = cached_path(a, root)
+    lock = root / "locks" / f"{a.sha256}.lock"
+    what = f"the cache entry for {a.filename}"
+    if dest.is_file():
+        hold(lock, what)  # in use by this process: a prune passes it by
     if dest.is_file():
         if verify_cached:
             try:
@@ -131,40 +135,49 @@ def ensure_artifact(
                 raise IntegrityError(
                     f"the cached {dest} is corrupt ({e}). Delete it and fetch again."
                 ) from None
+        touch(dest.parent)
         return dest
-    with exclusive_lock(root / "locks" / f"{a.sha256}.lock", f"the cache entry for {a.filename}"):
-        if dest.is_file():
-            return dest
-        urls = configured_index_urls(index_url)
-        client = IndexClient(urls, timeout=120)
-        if entry is None:
-            entry = client.find_file(a.filename, a.project, urls)
-        if entry.sha256 and entry.sha256 != a.sha256:
-            raise IntegrityError(
-                f"{a.filename}: the index publishes sha256 {entry.sha256}, but upstream.lock pins "
-                f"{a.sha256}. Nothing was downloaded. Either the index serves a different file "
-                "under this name (investigate) or the lock is wrong (re-pin with `vllm-overlay lock`)."
-            )
-        tmpdir = root / "tmp"
-        tmpdir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f"{a.filename}.", suffix=".part", dir=tmpdir)
-        os.close(fd)
-        try:
-            download_to(entry.url, Path(tmp), a.size or None, a.filename, client)
-            try:
-                verify_file(Path(tmp), a if a.size else _sized(a, Path(tmp)))
-            except IntegrityError as e:
-                if not mismatch:
-                    raise
-                raise IntegrityError(f"{mismatch} ({e}). Nothing was cached.") from None
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, dest)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-    info(f"cached {a.filename} (sha256 {a.sha256[:12]}…)")
+    release(lock)  # this process's own shared lock would block its exclusive one
+    with exclusive_lock(lock, what):
+        if not dest.is_file():  # else another process fetched it while this one waited
+            _download(a, dest, root, index_url=index_url, entry=entry, mismatch=mismatch)
+    hold(lock, what)
     return dest
+
+
+def _download(
+    a: Artifact, dest: Path, root: Path, *, index_url: str | None, entry: IndexFile | None,
+    mismatch: str,
+) -> None:  # fmt: skip
+    urls = configured_index_urls(index_url)
+    client = IndexClient(urls, timeout=120)
+    if entry is None:
+        entry = client.find_file(a.filename, a.project, urls)
+    if entry.sha256 and entry.sha256 != a.sha256:
+        raise IntegrityError(
+            f"{a.filename}: the index publishes sha256 {entry.sha256}, but upstream.lock pins "
+            f"{a.sha256}. Nothing was downloaded. Either the index serves a different file "
+            "under this name (investigate) or the lock is wrong (re-pin with `vllm-overlay lock`)."
+        )
+    tmpdir = root / "tmp"
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{a.filename}.", suffix=".part", dir=tmpdir)
+    os.close(fd)
+    try:
+        download_to(entry.url, Path(tmp), a.size or None, a.filename, client)
+        try:
+            verify_file(Path(tmp), a if a.size else _sized(a, Path(tmp)))
+        except IntegrityError as e:
+            if not mismatch:
+                raise
+            raise IntegrityError(f"{mismatch} ({e}). Nothing was cached.") from None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    info(f"cached {a.filename} (sha256 {a.sha256[:12]}…)")
 
 
 def _sized(a: Artifact, path: Path) -> Artifact:

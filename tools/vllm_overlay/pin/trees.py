@@ -18,7 +18,7 @@ from vllm_overlay.errors import IntegrityError, OverlayError
 from vllm_overlay.gitrepo import git, open_repo, rev_parse, set_ref
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
-from vllm_overlay.util import cache_dir, exclusive_lock, info
+from vllm_overlay.util import cache_dir, exclusive_lock, hold, info, release, touch
 
 BASE_REF = "refs/vllm-overlay/base"
 SOURCES = ("sdist", "git")
@@ -64,38 +64,57 @@ def _publish_repo(tmp: Path, final: Path) -> None:
             raise
 
 
+def _cached(final: Path, tree_lock: Path, what: str) -> str | None:
+    """The base commit of the complete tree ``final``, held in use by this process (a prune
+    passes it by); None where it is absent or incomplete."""
+    if not final.is_dir():
+        return None
+    hold(tree_lock, what)
+    base = rev_parse(final, BASE_REF)
+    if base:
+        touch(final)
+        return base
+    release(tree_lock)  # this process's own shared lock would block its exclusive one
+    return None
+
+
+def _built(final: Path, tree_lock: Path, what: str) -> None:
+    """After a build (or a wait for another process's): in use by this process."""
+    hold(tree_lock, what)
+    touch(final)
+
+
 def sdist_repo(lock: Lock, *, index_url: str | None = None) -> tuple[Path, str]:
     """(bare repo, base commit) for the pinned sdist, building it once."""
     art = lock.sdist()
     root = cache_dir() / "trees"
     final = root / f"sdist-{art.sha256}.git"
-    if final.is_dir():
-        base = rev_parse(final, BASE_REF)
-        if base:
-            return final, base
+    tree_lock = cache_dir() / "locks" / f"tree-{art.sha256}.lock"
+    what = f"the tree of {art.filename}"
+    if base := _cached(final, tree_lock, what):
+        return final, base
     sdist = ensure_artifact(art, index_url=index_url)
     root.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(
-        cache_dir() / "locks" / f"tree-{art.sha256}.lock", f"the tree of {art.filename}"
-    ):
-        if final.is_dir() and (base := rev_parse(final, BASE_REF)):
-            return final, base
-        if final.exists():
-            shutil.rmtree(final)  # an incomplete leftover
-        info(f"unpacking {art.filename} into a git repository")
-        with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
-            tmp_path = Path(tmp)
-            top = _extract(sdist, tmp_path / "src")
-            repo = tmp_path / "repo.git"
-            _init_bare(repo)
-            msg = (
-                f"{lock.upstream.name} {lock.upstream.version} from {art.filename}\n\n"
-                f"sdist-sha256: {art.sha256}\n"
-            )
-            base = commit_tree(top, repo, msg)
-            with open_repo(repo) as r:
-                set_ref(r, BASE_REF, base)
-            _publish_repo(repo, final)
+    with exclusive_lock(tree_lock, what):
+        base = rev_parse(final, BASE_REF) if final.is_dir() else None
+        if not base:
+            if final.exists():
+                shutil.rmtree(final)  # an incomplete leftover
+            info(f"unpacking {art.filename} into a git repository")
+            with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
+                tmp_path = Path(tmp)
+                top = _extract(sdist, tmp_path / "src")
+                repo = tmp_path / "repo.git"
+                _init_bare(repo)
+                msg = (
+                    f"{lock.upstream.name} {lock.upstream.version} from {art.filename}\n\n"
+                    f"sdist-sha256: {art.sha256}\n"
+                )
+                base = commit_tree(top, repo, msg)
+                with open_repo(repo) as r:
+                    set_ref(r, BASE_REF, base)
+                _publish_repo(repo, final)
+    _built(final, tree_lock, what)
     return final, base
 
 
@@ -112,35 +131,40 @@ def git_repo(lock: Lock, *, git_url: str | None = None) -> tuple[Path, str]:
         )
     root = cache_dir() / "trees"
     final = root / f"git-{commit}.git"
-    if final.is_dir() and (base := rev_parse(final, BASE_REF)):
+    tree_lock = cache_dir() / "locks" / f"tree-{commit}.lock"
+    if base := _cached(final, tree_lock, f"the tree of {commit}"):
         return final, base
     root.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(cache_dir() / "locks" / f"tree-{commit}.lock", f"the tree of {commit}"):
-        if final.is_dir() and (base := rev_parse(final, BASE_REF)):
-            return final, base
-        if final.exists():
-            shutil.rmtree(final)
-        info(f"fetching {commit} from {url}")
-        with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
-            repo = Path(tmp) / "repo.git"
-            _init_bare(repo)
-            git(
-                "fetch", "-q", "--depth", "1", "--no-tags", url, commit, cwd=repo,
-                hint=(
-                    f"Could not fetch commit {commit} from {url}. Check the URL (pass --git-url "
-                    "for a mirror) and that the server allows fetching a commit by id; or use "
-                    "--source sdist."
-                ),
-            )  # fmt: skip
-            with open_repo(repo) as r:
-                got = rev_parse(r, "FETCH_HEAD")
-                if got != commit:
-                    raise IntegrityError(
-                        f"{url} returned commit {got} for the pinned {commit}. Refusing to use it."
-                    )
-                set_ref(r, BASE_REF, commit)
-            _publish_repo(repo, final)
+    with exclusive_lock(tree_lock, f"the tree of {commit}"):
+        if not (final.is_dir() and rev_parse(final, BASE_REF)):
+            _fetch_commit(final, root, commit, url)
+    _built(final, tree_lock, f"the tree of {commit}")
     return final, commit
+
+
+def _fetch_commit(final: Path, root: Path, commit: str, url: str) -> None:
+    if final.exists():
+        shutil.rmtree(final)
+    info(f"fetching {commit} from {url}")
+    with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
+        repo = Path(tmp) / "repo.git"
+        _init_bare(repo)
+        git(
+            "fetch", "-q", "--depth", "1", "--no-tags", url, commit, cwd=repo,
+            hint=(
+                f"Could not fetch commit {commit} from {url}. Check the URL (pass --git-url "
+                "for a mirror) and that the server allows fetching a commit by id; or use "
+                "--source sdist."
+            ),
+        )  # fmt: skip
+        with open_repo(repo) as r:
+            got = rev_parse(r, "FETCH_HEAD")
+            if got != commit:
+                raise IntegrityError(
+                    f"{url} returned commit {got} for the pinned {commit}. Refusing to use it."
+                )
+            set_ref(r, BASE_REF, commit)
+        _publish_repo(repo, final)
 
 
 def upstream_repo(

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay import util
+from vllm_overlay.envs import childenv
 from vllm_overlay.errors import SuiteError
-from vllm_overlay.testing import childenv, runner, side
 from vllm_overlay.testing import contract as suite_plugin
+from vllm_overlay.testing import runner, side
 from vllm_overlay.testing.junit import JunitError, parse_junit
 from vllm_overlay.testing.side import RunEnv, RunOptions, SideRun
 

@@ -5,7 +5,7 @@ the new, pristine upstream tree: if they fail, upstream's version does not do wh
 Test files the change itself adds (or edits) are placed into a scratch copy of that tree
 under names no upstream file has, so upstream's own file at the same path (if any) stays.
 
-Runners: vLLM's tests need the CPU test environment of ``vllm_overlay.testing.testenv``; any other
+Runners: vLLM's tests need the CPU test environment of ``vllm_overlay.envs.testenv``; any other
 tree (the synthetic upstream of this tool's tests) runs with a plain Python that has pytest.
 Either way pytest runs through the one runner (``vllm_overlay.testing.runner``), as `suite`
 does: outcomes come from its JUnit report, and Ray's sockets get a short path.
@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from vllm_overlay.envs.childenv import scratch_environ
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.gitrepo import git
 from vllm_overlay.overlay.model import safe_join
 from vllm_overlay.testing import runner as pytest_runner
-from vllm_overlay.testing.childenv import scratch_environ
 from vllm_overlay.util import atomic_write_bytes, info
 
 TIMEOUT_S = 3600.0
@@ -95,7 +95,7 @@ class TestEnvRunner:
     __test__ = False
 
     def command(self, tree: Path, workdir: Path) -> tuple[str, dict[str, str]]:
-        from vllm_overlay.testing.testenv import ensure_testenv
+        from vllm_overlay.envs.testenv import ensure_testenv
 
         env = ensure_testenv(tree)
         return os.fspath(env.python), env.environ(workdir, tree)

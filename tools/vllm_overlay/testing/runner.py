@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import util
+from vllm_overlay.envs import childenv
 from vllm_overlay.errors import SuiteError
-from vllm_overlay.testing import childenv
 from vllm_overlay.testing import contract as suite_plugin
 from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit_file
 

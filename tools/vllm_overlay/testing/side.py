@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import util
+from vllm_overlay.envs import childenv, installer, testenv
 from vllm_overlay.errors import SuiteError, UsageError
-from vllm_overlay.testing import childenv, contract, installer, runner, testenv
+from vllm_overlay.testing import contract, runner
 from vllm_overlay.testing.junit import TestResult
 
 DEFAULT_TIMEOUT = 120  # seconds per test; the slowest test at 0.24.0 takes ~7 s here
@@ -51,7 +52,7 @@ EnvProvider = Callable[[Path], RunEnv]  # the patched tree -> the environment fo
 
 
 def testenv_provider(tree: Path) -> RunEnv:
-    """The CPU test environment (vllm_overlay.testing.testenv), built from the tree's requirements."""
+    """The CPU test environment (vllm_overlay.envs.testenv), built from the tree's requirements."""
     env = testenv.ensure_testenv(tree)
     return RunEnv(
         python=env.python,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,16 +24,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import util
+from vllm_overlay.envs import envbuild
+from vllm_overlay.envs.childenv import CLIENT_TMP_PREFIX, scratch_environ, short_dir
+from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON, VENV
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.testing import envbuild, installer
-from vllm_overlay.testing.childenv import (
-    CLIENT_TMP_PREFIX,
-    clean_environ,
-    scratch_environ,
-    short_dir,
-)
-from vllm_overlay.testing.envbuild import VENV, root
-from vllm_overlay.testing.testenv import CONSTRAINTS_DIR, FREEZE, PYTHON, _python_for
 
 FORMAT = 1
 
@@ -135,66 +128,47 @@ def ensure_client_env(
     rebuild: bool = False,
     pinned: bool = True,
 ) -> ClientEnv:
-    """The client environment of ``requirement``: the cached one, else built now.
-    ``seed_constraints`` (constraints text) applies where no constraints file pins the set:
-    what ``--freeze`` resolves against (the engine environment's torch)."""
+    """The client environment of ``requirement``: the cached one, else built now (retiring
+    the pipeline's previous one). ``seed_constraints`` (constraints text) applies where no
+    constraints file pins the set: what ``--freeze`` resolves against (the engine
+    environment's torch)."""
     rec = recipe(requirement, pinned=pinned)
     if not rec.constraints and seed_constraints:
         rec = ClientRecipe(FORMAT, PYTHON, requirement, "(seed)", seed_constraints)
-    final = root() / rec.hash
-    existing = None if rebuild else load(final)
-    if existing is not None:
-        return existing
-    envbuild.ensure(
-        rec.hash,
+    return envbuild.ensure_env(
+        rec,
         f"the client environment {rec.hash} ({rec.requirement})",
         lambda staging: _build(rec, staging),
+        load,
         rebuild=rebuild,
+        slot=f"client-env {rec.name}",
+        tag="clientenv",
     )
-    env = load(final)
-    if env is None:  # pragma: no cover - the marker was just written
-        raise OverlayError(f"the client environment at {final} is incomplete; run it again")
-    util.info(f"clientenv: ready at {final} ({rec.requirement})")
-    return env
 
 
 def _build(rec: ClientRecipe, staging: Path) -> dict:
-    started = time.monotonic()
-    inst = installer.installer()
-    util.info(f"clientenv: building {rec.hash} for {rec.requirement} in {staging} ({inst.name})")
+    util.info(f"clientenv: building {rec.hash} for {rec.requirement} in {staging}")
     if not rec.constraints:
         util.info(
             f"clientenv: no constraints file for {rec.requirement}: resolving freely. Pin it "
             "with `vllm-overlay testenv --client REQ --freeze` and commit the file."
         )
-    env = inst.env(clean_environ())
-    env.setdefault("UV_CACHE_DIR", os.fspath(util.cache_dir() / "uv"))
-    python = inst.venv(_python_for(rec.python), staging / VENV, env)
-    args: list[str] = []
-    if rec.constraints:
-        util.atomic_write_text(staging / "src" / "constraints.txt", rec.constraints)
-        args += ["-c", os.fspath(staging / "src" / "constraints.txt")]
-    args.append(rec.requirement)
+    v = envbuild.build_venv(staging, rec.python)
+    args = [*v.constraints_args(rec.constraints), rec.requirement]
     try:
-        out = inst.install(python, args, env, hint="")
+        out = v.installer.install(v.python, args, v.env, hint="")
     except OverlayError as e:
         raise ClientEnvError(
             f"the client environment of {rec.requirement} cannot be built"
             + (f" with the set pinned in {rec.constraints_file}" if rec.constraints_file else "")
             + f": {e}"
         ) from e
-    util.atomic_write_text(staging / "install.log", out.stdout + out.stderr)
-    util.atomic_write_text(staging / FREEZE, inst.freeze(python, env))
-    version = util.run(
-        python,
-        "-c",
-        f"import importlib.metadata as m; print(m.version({rec.name!r}))",
-        env=env,
-    ).stdout.strip()
-    util.atomic_write_text(staging / "recipe.json", rec.to_json())
-    seconds = round(time.monotonic() - started, 1)
-    util.info(f"clientenv: built in {seconds} s")
-    return {"recipe_hash": rec.hash, "version": version, "build_seconds": seconds}
+    (version,) = envbuild.installed_versions(
+        v, f"import importlib.metadata as m; print(m.version({rec.name!r}))"
+    )
+    return envbuild.finish_venv(
+        v, staging, out, rec.to_json(), "clientenv", recipe_hash=rec.hash, version=version
+    )
 
 
 def freeze_constraints(env: ClientEnv, rec: ClientRecipe) -> str:

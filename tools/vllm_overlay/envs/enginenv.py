@@ -4,7 +4,8 @@ Where the test environment (``testenv``) runs vLLM's unit tests from a source tr
 runs the engine itself from a wheel we built (the CPU variant, ``vllm-cpu``): the wheel is
 what is tested, as users install it. A virtualenv, cached under
 ``cache_dir()/testenv/<recipe hash>`` by the same builder (``envbuild.ensure``), built with
-uv in one ``uv pip install``.
+uv in one ``uv pip install``. A new wheel's environment retires the previous wheel's
+(``slot``).
 
 What the recipe holds
 ---------------------
@@ -32,7 +33,6 @@ import hashlib
 import json
 import os
 import re
-import time
 import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -43,11 +43,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_overlay import util
+from vllm_overlay.envs import envbuild, installer
+from vllm_overlay.envs.childenv import RPC_PREFIX, scratch_environ, short_dir
+from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON, VENV
 from vllm_overlay.errors import CommandError, OverlayError
-from vllm_overlay.testing import envbuild, installer
-from vllm_overlay.testing.childenv import RPC_PREFIX, clean_environ, scratch_environ, short_dir
-from vllm_overlay.testing.envbuild import VENV, root
-from vllm_overlay.testing.testenv import CONSTRAINTS_DIR, FREEZE, PYTHON, _python_for
 
 FORMAT = 1
 OVERRIDES = "overrides.txt"
@@ -234,6 +233,14 @@ def load(path: Path) -> EngineEnv | None:
         return None
 
 
+def slot(rec: EngineRecipe, wheel: Path, label: str = "") -> str:
+    """The slot a new wheel's environment supersedes the old one in: the variant, its
+    release and platform, and the caller's ``label`` (the engine tests' "ours" and
+    "without" are two slots of one variant)."""
+    platform = "-".join(sorted(t.platform for t in parse_wheel_filename(wheel.name)[3]))
+    return " ".join(filter(None, ("engine-env", rec.distribution, rec.version, platform, label)))
+
+
 def ensure_engine_env(
     wheel: Path,
     extras: Sequence[Path] = (),
@@ -241,31 +248,27 @@ def ensure_engine_env(
     requirements: Sequence[str] = (),
     rebuild: bool = False,
     pinned: bool = True,
+    label: str = "",
 ) -> EngineEnv:
     """The engine environment with ``wheel`` installed: the cached one, else built now
-    (about half a minute with uv and a warm cache; the first build downloads torch)."""
+    (about half a minute with uv and a warm cache; the first build downloads torch). It
+    retires the environment of the slot's previous wheel (``slot``)."""
     rec = recipe(wheel, extras, requirements=requirements, pinned=pinned)
-    final = root() / rec.hash
-    existing = None if rebuild else load(final)
-    if existing is not None:
-        return existing
-    envbuild.ensure(
-        rec.hash,
+    env = envbuild.ensure_env(
+        rec,
         f"the engine environment {rec.hash} ({rec.wheel})",
         lambda staging: _build(rec, Path(wheel), staging),
+        load,
         rebuild=rebuild,
+        slot=slot(rec, Path(wheel), label),
+        tag="enginenv",
     )
-    env = load(final)
-    if env is None:  # pragma: no cover - the marker was just written
-        raise OverlayError(f"the engine environment at {final} is incomplete; run it again")
-    util.info(f"enginenv: ready at {final} (vllm {env.vllm_version}, torch {env.torch_version})")
+    util.info(f"enginenv: vllm {env.vllm_version}, torch {env.torch_version}")
     return env
 
 
 def _build(rec: EngineRecipe, wheel: Path, staging: Path) -> dict:
-    started = time.monotonic()
-    inst = installer.installer()
-    if not inst.uv:
+    if not installer.installer().uv:
         raise EngineEnvError(
             f"the engine environment of {rec.variant} needs uv (it overrides the wheel's "
             f"{', '.join(rec.overrides) or 'torch'} requirement, which pip cannot); uv is a "
@@ -282,50 +285,32 @@ def _build(rec: EngineRecipe, wheel: Path, staging: Path) -> dict:
             "machines may get other versions). Pin it with `vllm-overlay testenv --wheel W "
             "--freeze` and commit the file."
         )
-    env = inst.env(clean_environ())
-    # uv's cache beside the environments (the same file system: uv links from it), so a new
-    # wheel's environment is linked from what earlier builds downloaded (3 GB with torch).
-    env.setdefault("UV_CACHE_DIR", os.fspath(util.cache_dir() / "uv"))
-    python = inst.venv(_python_for(rec.python), staging / VENV, env)
-    src = staging / "src"
-    args: list[str] = []
-    if rec.constraints:
-        util.atomic_write_text(src / "constraints.txt", rec.constraints)
-        args += ["-c", os.fspath(src / "constraints.txt")]
+    v = envbuild.build_venv(staging, rec.python)
+    args = v.constraints_args(rec.constraints)
     if rec.overrides:
-        util.atomic_write_text(src / OVERRIDES, "".join(f"{o}\n" for o in rec.overrides))
-        args += ["--override", os.fspath(src / OVERRIDES)]
+        util.atomic_write_text(v.src / OVERRIDES, "".join(f"{o}\n" for o in rec.overrides))
+        args += ["--override", os.fspath(v.src / OVERRIDES)]
     args.append(os.fspath(wheel))
     for name, files in rec.extras:
         for rel, text in files:
-            util.atomic_write_text(src / name / rel, text)
-        args.append(os.fspath(src / name))
+            util.atomic_write_text(v.src / name / rel, text)
+        args.append(os.fspath(v.src / name))
     args += rec.requirements
     overrides = f" (overriding {', '.join(rec.overrides)})" if rec.overrides else ""
     util.info(f"enginenv: uv install {rec.wheel}{overrides}")
     try:
-        out = inst.install(python, args, env, hint="")
+        out = v.installer.install(v.python, args, v.env, hint="")
     except CommandError as e:
         raise _missing_package(rec, e) from e
-    util.atomic_write_text(staging / "install.log", out.stdout + out.stderr)
-    util.atomic_write_text(staging / FREEZE, inst.freeze(python, env))
-    versions = util.run(
-        python,
-        "-c",
+    torch_version, vllm_version = envbuild.installed_versions(
+        v,
         "import importlib.metadata as m, torch; "
         f"print(torch.__version__); print(m.version({str(rec.distribution)!r}))",
-        env=env,
-    ).stdout.split()
-    util.atomic_write_text(staging / "recipe.json", rec.to_json())
-    seconds = round(time.monotonic() - started, 1)
-    util.info(f"enginenv: built in {seconds} s")
-    return {
-        "recipe_hash": rec.hash,
-        "torch_version": versions[0],
-        "vllm_version": versions[1],
-        "build_seconds": seconds,
-        "installer": inst.name,
-    }
+    )
+    return envbuild.finish_venv(
+        v, staging, out, rec.to_json(), "enginenv", recipe_hash=rec.hash,
+        torch_version=torch_version, vllm_version=vllm_version,
+    )  # fmt: skip
 
 
 _NO_VERSION = re.compile(r"no versions? of ([A-Za-z0-9][A-Za-z0-9._-]*)(==[^\s,]+)?")

@@ -40,24 +40,27 @@ import email.parser
 import hashlib
 import json
 import os
-import shutil
-import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import util
+from vllm_overlay.envs import envbuild, installer
+from vllm_overlay.envs.childenv import scratch_environ
+from vllm_overlay.envs.envbuild import (  # noqa: F401 (re-exported)
+    CONSTRAINTS_DIR,
+    FREEZE,
+    MARKER,
+    PYTHON,
+    VENV,
+    root,
+)
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.testing import envbuild, installer
-from vllm_overlay.testing.childenv import clean_environ, scratch_environ
-from vllm_overlay.testing.envbuild import MARKER, VENV, root  # noqa: F401 (re-exported)
 
 # Bump when the layout of the environment or the way it is built changes.
 FORMAT = 2  # 2: built with uv where installed; pinned by constraints/
 
-PYTHON = "3.11"
 TORCH = "torch==2.13.0"
 TEST_TOOLS = (
     "pytest==9.2.0",
@@ -139,8 +142,6 @@ HF_MODELS = (
     ),
 )
 
-FREEZE = "freeze.txt"
-CONSTRAINTS_DIR = "constraints"
 HF_HOME = "hf"
 
 
@@ -333,6 +334,12 @@ def load(path: Path) -> TestEnv | None:
     return TestEnv(path=path, python=python, recipe_hash=recipe_hash, torch_version=torch_version)
 
 
+def slot(rec: Recipe) -> str:
+    """A new recipe for the same release (new constraints, a new format) supersedes the old
+    one; a tree without a release is a slot of its own."""
+    return f"test-env {rec.upstream or rec.hash}"
+
+
 def ensure_testenv(tree: Path, *, rebuild: bool = False, pinned: bool = True) -> TestEnv:
     """The test environment for ``tree``: the cached one, else built now (half a minute with
     uv, a minute or two with pip).
@@ -342,39 +349,17 @@ def ensure_testenv(tree: Path, *, rebuild: bool = False, pinned: bool = True) ->
     ``pinned=False`` ignores the constraints file (see ``recipe``).
     """
     rec = recipe(tree, pinned=pinned)
-    final = root() / rec.hash
-    existing = None if rebuild else load(final)
-    if existing is not None:
-        return existing
-    envbuild.ensure(
-        rec.hash, f"the test environment {rec.hash}", lambda staging: _build(rec, staging),
-        rebuild=rebuild,
+    env = envbuild.ensure_env(
+        rec, f"the test environment {rec.hash}", lambda staging: _build(rec, staging), load,
+        rebuild=rebuild, slot=slot(rec), tag="testenv",
     )  # fmt: skip
-    env = load(final)
-    if env is None:  # pragma: no cover - the marker was just written
-        raise OverlayError(f"the test environment at {final} is incomplete; run it again")
-    util.info(f"testenv: ready at {final} (torch {env.torch_version})")
+    util.info(f"testenv: torch {env.torch_version}")
     return env
-
-
-def _python_for(version: str) -> str:
-    if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
-        return sys.executable
-    found = shutil.which(f"python{version}")
-    if found is None:
-        raise OverlayError(
-            f"the test environment needs Python {version} (the CPU torch wheel it installs "
-            f"is built for it), but python{version} is not on PATH. Install Python "
-            f"{version} and try again."
-        )
-    return found
 
 
 def _build(rec: Recipe, staging: Path) -> dict:
     """Build the environment of ``rec`` in ``staging``; returns its marker."""
-    started = time.monotonic()
-    inst = installer.installer()
-    how = "uv, half a minute" if inst.uv else "pip, a minute or two"
+    how = "uv, half a minute" if installer.installer().uv else "pip, a minute or two"
     util.info(f"testenv: building {rec.hash} in {staging} ({how})")
     if rec.constraints_file:
         util.info(f"testenv: installing exactly the set pinned in {rec.constraints_file}")
@@ -386,49 +371,33 @@ def _build(rec: Recipe, staging: Path) -> dict:
         )
     else:
         util.info("testenv: the tree has no PKG-INFO (no release): resolving freely")
-    env = inst.env(clean_environ())
-    python = inst.venv(_python_for(rec.python), staging / VENV, env)
-
-    src = staging / "src"
-    plugin_dir = src / PLUGIN_DIST
+    v = envbuild.build_venv(staging, rec.python, uv_cache=False)
+    plugin_dir = v.src / PLUGIN_DIST
     for name, text in rec.plugin_files:
         util.atomic_write_text(plugin_dir / name, text)
-    requirements_file = src / "requirements.txt"
+    requirements_file = v.src / "requirements.txt"
     util.atomic_write_text(requirements_file, "".join(f"{r}\n" for r in rec.requirements))
-    constraints_file = None
-    if rec.constraints:
-        constraints_file = src / "constraints.txt"
-        util.atomic_write_text(constraints_file, rec.constraints)
+    constraints = v.constraints_args(rec.constraints)
+    constraints_file = Path(constraints[1]) if constraints else None
 
     n = len(rec.requirements) + len(rec.test_tools) + 2
-    util.info(f"testenv: {inst.name} install {rec.torch} and {n - 1} other requirements")
-    out = inst.install(
-        python,
+    util.info(f"testenv: {v.installer.name} install {rec.torch} and {n - 1} other requirements")
+    out = v.installer.install(
+        v.python,
         rec.install_args(plugin_dir, requirements_file, constraints_file),
-        env,
-        hint=f"{inst.name} could not install the test environment; see its output above. "
-        "Nothing was kept; run it again once the cause is fixed.",
+        v.env,
+        hint=f"{v.installer.name} could not install the test environment; see its output "
+        "above. Nothing was kept; run it again once the cause is fixed.",
     )
-    util.atomic_write_text(staging / "install.log", out.stdout + out.stderr)
-    util.atomic_write_text(staging / FREEZE, inst.freeze(python, env))
-    torch_version = util.run(
-        python, "-c", "import torch; print(torch.__version__)", env=env
-    ).stdout.strip()
-
+    (torch_version,) = envbuild.installed_versions(v, "import torch; print(torch.__version__)")
     for repo, config in rec.hf_models:
         cache = staging / HF_HOME / "hub" / ("models--" + repo.replace("/", "--"))
         util.atomic_write_text(cache / "refs" / "main", HF_REVISION)
         util.atomic_write_text(cache / "snapshots" / HF_REVISION / "config.json", config)
-
-    util.atomic_write_text(staging / "recipe.json", rec.to_json())
-    seconds = round(time.monotonic() - started, 1)
-    util.info(f"testenv: built in {seconds} s with {inst.name}")
-    return {
-        "recipe_hash": rec.hash,
-        "torch_version": torch_version,
-        "build_seconds": seconds,
-        "installer": inst.name,
-    }
+    return envbuild.finish_venv(
+        v, staging, out, rec.to_json(), "testenv", recipe_hash=rec.hash,
+        torch_version=torch_version,
+    )  # fmt: skip
 
 
 def freeze_constraints(env: TestEnv, rec: Recipe) -> str:

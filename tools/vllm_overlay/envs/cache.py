@@ -1,0 +1,476 @@
+"""What the cache holds, its size cap, and pruning it: ``vllm-overlay cache``'s library.
+
+The cache (``util.cache_dir()``, ``~/.cache/vllm-overlay``) is a set of entries of a few
+kinds, each a directory or file that is complete where it stands (every writer builds aside
+and renames into place):
+
+=============  ==============================================  ======================================
+kind           entry                                           the lock a user or writer holds
+=============  ==============================================  ======================================
+artifacts      ``artifacts/sha256/<sha256>/`` (a release file)  ``locks/<sha256>.lock``
+trees          ``trees/sdist-<sha256>.git``, ``git-<sha>.git``  ``locks/tree-<sha256|sha>.lock``
+test-env,      ``testenv/<recipe hash>/`` (told apart by its    ``testenv/locks/<hash>.lock``: shared
+engine-env,    recipe)                                          by every process using it
+client-env                                                      (``envbuild.hold``)
+models         ``engine-models/<key>/``                         ``engine-models/<key>.lock``
+outlook        ``outlook/{results,runs,members}/*``            none: written atomically, read whole
+member-hashes  ``member-hashes/<sha256>.json``                  none: likewise
+baselines      ``suite-baselines/<key>.json``                   none: likewise
+uv             ``uv/`` (uv's own cache, one entry)              ``uv/.lock``, uv's own
+=============  ==============================================  ======================================
+
+An entry's last use is its modification time; the tool touches an entry when it uses it
+(``util.touch``), and holds it in use until the process exits (``util.hold``: a shared lock
+on the entry's lock). An entry is *unused* when no current recipe or lock uses it: an artifact or a
+tree the project's ``upstream.lock`` does not pin, an environment superseded in its slot
+(``envbuild``) or built by an older format. Other kinds are never called unused (their keys
+are content hashes; only age and size prune them).
+
+Removal takes the entry's lock without waiting (``util.lock_if_free``); an entry that
+another process holds is passed by and said so. A removed entry is first renamed into
+``trash/`` (one atomic step: the entry is there whole or gone), then deleted: a prune
+killed at any point leaves no half-removed entry where a later run would look, and the next
+prune (or build) empties ``trash/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_overlay import util
+from vllm_overlay.errors import UsageError
+
+MAX_SIZE_ENV = "VLLM_OVERLAY_CACHE_MAX_SIZE"
+TRASH = "trash"
+KINDS = (
+    "artifacts",
+    "trees",
+    "test-env",
+    "engine-env",
+    "client-env",
+    "models",
+    "outlook",
+    "member-hashes",
+    "baselines",
+    "uv",
+)
+ENV_KINDS = ("test-env", "engine-env", "client-env")
+_max_size: int | None = None  # --cache-max-size of this invocation; None: env or no cap
+
+
+# -- sizes ----------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``20G``, ``500M``, ``1.5T``, ``12345`` (bytes; K/M/G/T are powers of 1024, an
+    optional ``B`` or ``iB`` after them)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise UsageError(f"{text!r} is not a size: give bytes or a number with K, M, G or T")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def format_size(n: int) -> str:
+    for unit in ("T", "G", "M", "K"):
+        if n >= _UNITS[unit]:
+            return f"{n / _UNITS[unit]:.1f} {unit}iB"
+    return f"{n} B"
+
+
+def set_max_size(size: int | None) -> None:
+    """The cap of this process (``--cache-max-size``); None: $VLLM_OVERLAY_CACHE_MAX_SIZE."""
+    global _max_size
+    _max_size = size
+
+
+def max_size() -> int | None:
+    """The cache's size cap in bytes: --cache-max-size, else $VLLM_OVERLAY_CACHE_MAX_SIZE,
+    else None (no cap)."""
+    if _max_size is not None:
+        return _max_size
+    env = os.environ.get(MAX_SIZE_ENV, "").strip()
+    return parse_size(env) if env else None
+
+
+# -- the entries ----------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    kind: str
+    path: Path
+    lock: Path | None  # taken exclusively, without waiting, to remove the entry
+    size: int = 0  # freed by removing it
+    shared: int = 0  # hard-linked from elsewhere too (not freed)
+    last_use: float = 0.0
+    unused: bool = False  # no current recipe or lock uses it
+    why: str = ""  # what it is, or why it is unused
+    slot: str = ""  # an environment's slot
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "path": os.fspath(self.path),
+            "size": self.size,
+            "shared": self.shared,
+            "last_use": round(self.last_use, 3),
+            "unused": self.unused,
+            "why": self.why,
+        }
+
+
+def _walk(path: Path) -> dict[tuple[int, int], list[int]]:
+    """Every inode under ``path``: (device, inode) -> [bytes on disk, links it has, links
+    found here]."""
+    found: dict[tuple[int, int], list[int]] = {}
+    stack = [path]
+    while stack:
+        p = stack.pop()
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in found:
+            found[key][2] += 1
+            continue
+        is_dir = stat.S_ISDIR(st.st_mode)
+        found[key] = [st.st_blocks * 512, 1 if is_dir else st.st_nlink, 1]  # dirs: no links
+        if is_dir:
+            try:
+                stack.extend(p.iterdir())
+            except OSError:
+                pass
+    return found
+
+
+def _sizes(entries: list[Entry]) -> int:
+    """Each entry's ``size`` (what removing it frees: files no other path links to) and
+    ``shared`` (files hard-linked from elsewhere too: uv links its cache into the
+    environments); returns the bytes on disk of them all, each file counted once."""
+    everything: dict[tuple[int, int], int] = {}
+    for e in entries:
+        inodes = _walk(e.path)
+        e.size = sum(b for b, nlink, here in inodes.values() if here >= nlink or nlink <= 1)
+        e.shared = sum(b for b, nlink, here in inodes.values() if 1 < nlink and here < nlink)
+        for key, (b, _, _) in inodes.items():
+            everything[key] = b
+    return sum(everything.values())
+
+
+def _project_pins() -> tuple[set[str], set[str]] | None:
+    """(sha256s, commits) the project's upstream.lock pins; None outside a project."""
+    from vllm_overlay.errors import OverlayError
+    from vllm_overlay.pin.lockfile import read_lock
+
+    try:
+        lock = read_lock(util.project_root() / "upstream.lock")
+    except (OverlayError, OSError):
+        return None
+    return {a.sha256 for a in lock.artifacts}, {lock.upstream.commit}
+
+
+def _env_entry(path: Path) -> Entry | None:
+    from vllm_overlay.envs import clientenv, enginenv, envbuild, testenv
+
+    lock = envbuild.lock_path(path.name.split(".", 1)[0])
+    if "." in path.name:  # <hash>.build-*, <hash>.old: a build in progress or killed
+        return Entry("test-env", path, lock, unused=True, why="an unfinished build")
+    marker = envbuild.read_marker(path)
+    try:
+        recipe = json.loads((path / envbuild.RECIPE).read_text())
+    except (OSError, ValueError):
+        recipe = None
+    if marker is None or not isinstance(recipe, dict):
+        return Entry("test-env", path, lock, unused=True, why="incomplete (no marker)")
+    if "wheel" in recipe:
+        kind, fmt = "engine-env", enginenv.FORMAT
+        slot = marker.get("slot") or " ".join(
+            ("engine-env", recipe.get("distribution", "?"), recipe.get("version", "?"))
+        )
+        what = f"{recipe['wheel']}"
+    elif "requirement" in recipe:
+        kind, fmt = "client-env", clientenv.FORMAT
+        slot = marker.get("slot") or f"client-env {recipe['requirement'].split('==')[0]}"
+        what = recipe["requirement"]
+    else:
+        kind, fmt = "test-env", testenv.FORMAT
+        slot = marker.get("slot") or f"test-env {recipe.get('upstream') or path.name}"
+        what = recipe.get("upstream") or "a tree without a release"
+    entry = Entry(kind, path, lock, slot=slot, why=what)
+    if recipe.get("format") != fmt:
+        entry.unused, entry.why = True, f"{what}: built by an older format"
+    return entry
+
+
+def _glob_entries(kind: str, pattern: str, lock: Callable[[Path], Path | None]) -> Iterator[Entry]:
+    root = util.cache_dir()
+    for p in sorted(root.glob(pattern)):
+        if p.name.endswith(".lock"):
+            continue
+        yield Entry(kind, p, lock(p))
+
+
+class Entries(list):
+    """Entries, and ``on_disk``: their bytes on disk, a file linked from several counted
+    once (0 where sizes were not taken)."""
+
+    on_disk: int = 0
+
+
+def inventory(kinds: Iterable[str] = KINDS, *, sizes: bool = True) -> Entries:
+    """Every entry of the cache of ``kinds``, with its size (``sizes``: a walk of every
+    file), last use and whether it is unused (see the module docstring)."""
+    kinds = set(kinds)
+    root = util.cache_dir()
+    entries = Entries()
+    if "artifacts" in kinds:
+        entries += _glob_entries(
+            "artifacts", "artifacts/sha256/*", lambda p: root / "locks" / f"{p.name}.lock"
+        )
+    if "trees" in kinds:
+        entries += _glob_entries(
+            "trees",
+            "trees/*.git",
+            lambda p: root / "locks" / f"tree-{p.name.split('-', 1)[-1][: -len('.git')]}.lock",
+        )
+    if kinds & set(ENV_KINDS):
+        envs = root / "testenv"
+        for p in sorted(envs.iterdir()) if envs.is_dir() else ():
+            if p.name == "locks":
+                continue
+            e = _env_entry(p)
+            if e is not None and e.kind in kinds:
+                entries.append(e)
+    if "models" in kinds:
+        entries += _glob_entries(
+            "models", "engine-models/*", lambda p: p.with_name(f"{p.name.split('.')[0]}.lock")
+        )
+    if "outlook" in kinds:
+        for part in ("results", "runs", "members"):
+            entries += _glob_entries("outlook", f"outlook/{part}/*", lambda p: None)
+    if "member-hashes" in kinds:
+        entries += _glob_entries("member-hashes", "member-hashes/*", lambda p: None)
+    if "baselines" in kinds:
+        entries += _glob_entries("baselines", "suite-baselines/*", lambda p: None)
+    if "uv" in kinds and (root / "uv").is_dir():
+        entries.append(Entry("uv", root / "uv", root / "uv" / ".lock", why="uv's own cache"))
+    for e in entries:
+        e.last_use = e.path.lstat().st_mtime if os.path.lexists(e.path) else 0.0
+    if sizes:
+        entries.on_disk = _sizes(entries)
+    _mark_unused(entries)
+    return entries
+
+
+def _mark_unused(entries: list[Entry]) -> None:
+    pins = _project_pins()
+    if pins is not None:
+        shas, commits = pins
+        for e in entries:
+            if e.kind == "artifacts" and e.path.name not in shas:
+                e.unused, e.why = True, "not pinned by upstream.lock"
+            elif e.kind == "trees":
+                key = e.path.name.split("-", 1)[-1][: -len(".git")]
+                if key not in shas and key not in commits:
+                    e.unused, e.why = True, "not pinned by upstream.lock"
+    newest: dict[str, Entry] = {}
+    for e in entries:
+        if e.kind in ENV_KINDS and e.slot and not e.unused:
+            mark = e.path / "testenv.json"
+            e_time = mark.stat().st_mtime if mark.exists() else 0.0
+            best = newest.get(e.slot)
+            if best is None or e_time > (best.path / "testenv.json").stat().st_mtime:
+                newest[e.slot] = e
+    for e in entries:
+        if e.kind in ENV_KINDS and e.slot and not e.unused and newest.get(e.slot) is not e:
+            e.unused, e.why = True, f"superseded in its slot ({e.slot})"
+
+
+def total(entries: list[Entry]) -> int:
+    """The bytes on disk of ``entries``, a file linked from several counted once."""
+    return _sizes(list(entries))
+
+
+# -- removal --------------------------------------------------------------------------------
+
+
+def empty_trash() -> None:
+    """Delete what a killed prune left in ``trash/`` (never an entry a run would use)."""
+    trash = util.cache_dir() / TRASH
+    for p in trash.iterdir() if trash.is_dir() else ():
+        _delete(p)
+
+
+def _delete(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def remove(entry: Entry) -> bool:
+    """Remove ``entry`` if nobody uses it now: renamed into trash/ under its lock (atomic),
+    then deleted. False where its lock is held (in use) or it is already gone."""
+    trash = util.cache_dir() / TRASH
+    trash.mkdir(parents=True, exist_ok=True)
+    with _locked(entry.lock) as free:
+        if not free or not os.path.lexists(entry.path):
+            return False
+        dest = trash / f"{entry.path.name}.{uuid.uuid4().hex[:8]}"
+        os.replace(entry.path, dest)
+    _delete(dest)
+    return True
+
+
+class _NoLock:
+    def __enter__(self) -> bool:
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _locked(lock: Path | None):
+    return util.lock_if_free(lock) if lock is not None else _NoLock()
+
+
+# -- prune ----------------------------------------------------------------------------------
+
+
+@dataclass
+class PruneResult:
+    chosen: list[Entry] = field(default_factory=list)  # what the rules picked
+    removed: list[Entry] = field(default_factory=list)
+    in_use: list[Entry] = field(default_factory=list)  # picked, but another process holds it
+    total_before: int = 0
+    total_after: int = 0
+
+    @property
+    def freed(self) -> int:
+        return sum(e.size for e in self.removed)
+
+
+def choose(
+    entries: list[Entry],
+    *,
+    older_than: float | None = None,
+    max_total: int | None = None,
+    unused: bool = False,
+    keep: Iterable[Path] = (),
+    now: float | None = None,
+    on_disk: int | None = None,
+) -> list[Entry]:
+    """The entries the rules pick, oldest use first: unused ones (``unused``), those last
+    used more than ``older_than`` seconds ago, then the least recently used until the rest
+    fit in ``max_total`` bytes. ``keep`` is never picked."""
+    now = time.time() if now is None else now
+    kept = {Path(k) for k in keep}
+    pool = sorted((e for e in entries if e.path not in kept), key=lambda e: e.last_use)
+    picked: list[Entry] = []
+    for e in pool:
+        if (unused and e.unused) or (older_than is not None and now - e.last_use > older_than):
+            picked.append(e)
+    if max_total is not None:
+        left = (total(entries) if on_disk is None else on_disk) - sum(e.size for e in picked)
+        for e in pool:
+            if left <= max_total:
+                break
+            if e not in picked:
+                picked.append(e)
+                left -= e.size
+    return picked
+
+
+def prune(
+    *,
+    older_than: float | None = None,
+    max_total: int | None = None,
+    unused: bool = False,
+    kinds: Iterable[str] = KINDS,
+    dry_run: bool = False,
+    keep: Iterable[Path] = (),
+    progress: Callable[[str], None] | None = None,
+) -> PruneResult:
+    """Remove what the rules pick (``choose``); with ``dry_run`` only say what (for
+    ``max_total`` an estimate: files linked from several entries are freed only with the
+    last of them). An entry in use is passed by; ``max_total`` then takes the next least
+    recently used, measuring the cache again after each removal."""
+    kinds = tuple(kinds)
+    keep = [Path(k) for k in keep]
+    if not dry_run:
+        empty_trash()
+    entries = inventory(kinds)
+    res = PruneResult(total_before=entries.on_disk)
+    by_rule = choose(entries, older_than=older_than, unused=unused, keep=keep)
+    if dry_run:
+        res.chosen = choose(entries, older_than=older_than, max_total=max_total, unused=unused,
+                            keep=keep, on_disk=entries.on_disk)  # fmt: skip
+        res.total_after = res.total_before - sum(e.size for e in res.chosen)
+        return res
+
+    def take(e: Entry) -> None:
+        res.chosen.append(e)
+        if remove(e):
+            res.removed.append(e)
+            if progress:
+                progress(f"removed {e.kind} {e.path.name} ({format_size(e.size)}, {e.why})")
+        else:
+            res.in_use.append(e)
+            if progress:
+                progress(f"kept {e.kind} {e.path}: in use by another process")
+
+    for e in by_rule:
+        take(e)
+    now = inventory(kinds)
+    while max_total is not None and now.on_disk > max_total:
+        passed = keep + [e.path for e in res.chosen]
+        pick = choose(now, max_total=max_total, keep=passed, on_disk=now.on_disk)
+        if not pick:
+            break  # what is left is kept, in use, or already tried
+        take(pick[0])
+        now = inventory(kinds)
+    res.total_after = now.on_disk
+    return res
+
+
+def enforce_cap(keep: Iterable[Path] = ()) -> PruneResult | None:
+    """Keep the cache under its size cap (``max_size``) after a build added to it: the
+    least recently used entries go, never ``keep`` or one in use. None without a cap."""
+    cap = max_size()
+    if cap is None:
+        return None
+    res = prune(max_total=cap, keep=keep)
+    for e in res.removed:
+        util.info(f"cache: over its cap of {format_size(cap)}: removed {e.kind} {e.path}")
+    if res.total_after > cap:
+        util.info(
+            f"cache: {format_size(res.total_after)} is over its cap of {format_size(cap)}; "
+            "what is left is in use or was just built"
+        )
+    return res
+
+
+def retire(slot: str, keep: Path) -> list[Entry]:
+    """Remove the environments of ``slot`` other than ``keep`` (superseded by it), each if
+    nobody uses it now; the ones in use stay for a later prune. Returns those removed."""
+    removed = []
+    for e in inventory(ENV_KINDS, sizes=False):
+        if e.slot == slot and e.path != keep:
+            if remove(e):
+                removed.append(e)
+                util.info(f"cache: retired {e.kind} {e.path.name} ({e.why}), superseded")
+            else:
+                util.info(f"cache: {e.path} is superseded but in use; a later prune removes it")
+    return removed
