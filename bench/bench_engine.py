@@ -71,7 +71,7 @@ def main() -> int:
             work / "wheels" / "without",
         ),
     }
-    envs = {k: harness.engine_env(w) for k, w in wheels.items()}
+    envs = {k: harness.engine_env(w, k) for k, w in wheels.items()}
     models = harness.tiny_models(envs["ours"])
     print(f"wheels and environments ready in {time.monotonic() - t0:.0f} s", file=sys.stderr)
 

@@ -69,8 +69,8 @@ def engine_wheels(engine_shared, engine_device, tmp_path_factory):
         )
         without = harness.build_cpu_wheel(without_project, engine_shared / "wheels" / "without")
         return {
-            "ours": harness.Wheel("ours", ours, harness.engine_env(ours)),
-            "without": harness.Wheel("without", without, harness.engine_env(without)),
+            "ours": harness.Wheel("ours", ours, harness.engine_env(ours, "ours")),
+            "without": harness.Wheel("without", without, harness.engine_env(without, "without")),
         }
 
 

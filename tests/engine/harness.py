@@ -103,12 +103,14 @@ class Wheel:
     env: object  # vllm_overlay.envs.enginenv.EngineEnv
 
 
-def engine_env(wheel: Path):
+def engine_env(wheel: Path, label: str):
+    """The engine environment of ``wheel``, in the slot ``label`` ("ours", "without"): a
+    new build of our wheel retires the environment of the last one, never the other's."""
     from engine.sessions import HS_CONNECTORS
     from vllm_overlay.envs.enginenv import ensure_engine_env
 
     # hs-connectors beside our wheel, as speculators installs it into the vLLM environment.
-    return ensure_engine_env(wheel, [PROBE], requirements=[HS_CONNECTORS])
+    return ensure_engine_env(wheel, [PROBE], requirements=[HS_CONNECTORS], label=label)
 
 
 def tiny_models(env) -> dict[str, str]:
