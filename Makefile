@@ -34,7 +34,7 @@ help:
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
 	@echo "make test-releases  real rebases to 0.28.0 and 0.33.0 and track to 0.33.0 (not in CI)"
-	@echo "make outlook        every change against every newer vLLM release (the matrix)"
+	@echo "make outlook [OUTLOOK_ARGS='--tests --html F']  every change against every newer vLLM release"
 	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
 	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"
 	@echo "make bench-engine   engine start and extraction tokens/s: ours against the wheel without our changes"
@@ -111,8 +111,10 @@ rebase: $(STAMP)
 	@test -n "$(TO)" || { echo "usage: make rebase TO=VERSION"; exit 2; }
 	$(VO) rebase --to $(TO) $(if $(COMMIT),--commit $(COMMIT))
 
+# make outlook [OUTLOOK_ARGS="--tests --html FILE --to V"]
+OUTLOOK_ARGS ?=
 outlook: $(STAMP)
-	$(VO) outlook
+	$(VO) outlook $(OUTLOOK_ARGS)
 
 # What the daily workflow runs (.github/workflows/track-upstream.yml): exit 0 up to date or
 # ready for review, 1 needs a person; the report goes to $(TRACK_REPORT_DIR).

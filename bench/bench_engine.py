@@ -65,8 +65,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     t0 = time.monotonic()
     wheels = {
-        "ours": harness.build_cpu_wheel(REPO, work / "wheels" / "ours"),
-        "without": harness.build_cpu_wheel(
+        "ours": harness.build_wheel(REPO, work / "wheels" / "ours"),
+        "without": harness.build_wheel(
             harness.project_without(REPO, work / "without", harness.HIDDEN_STATE_CHANGES),
             work / "wheels" / "without",
         ),
@@ -189,12 +189,13 @@ def stress(n: int, work: Path, env, model: str) -> dict:
     """The engine tests' abort storm with ``n`` clients against our wheel's server."""
     where = work / "stress"
     storm = {**clients.STORM, "requests": n}
-    with server.serving(env, model, where, layers=LAYERS, engine=clients.SERVE_ENGINE) as srv:
+    with server.serving(env, model, where, layers=LAYERS, engine=clients.SERVE_ENGINE,
+                        env_vars=clients.DEV_MODE) as srv:  # fmt: skip
         out = clients.run_storm(srv, where, **storm)
         out["log_errors"] = clients.log_errors(srv.log)
     clients.check({"storm": out}, env, model, where)
     worst = out.get("worst") or {}
-    print(f"\nstress: {n} requests, {storm['concurrency']} at a time, a third disconnecting: "
+    print(f"\nstress: {n} requests at once behind a pause, a third leaving while waiting: "
           f"{out['outcomes']}; engine aborts {out.get('engine_aborts')}; server alive "
           f"{out['healthy_after']}; files verified {out['files_verified']} "
           f"(rows right {worst.get('right_rows')}/{worst.get('rows')}); left in storage "

@@ -16,6 +16,7 @@ import random
 import re
 import shutil
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,8 +25,8 @@ from engine import harness, server
 from engine.sessions import ENGINE_DEFAULTS, LAYERS, prompts
 
 SPECULATORS = "speculators==0.9.0"
-# As the issue's measurement ran it: requests wait (2 at a time, 32 tokens a step), so a
-# disconnect lands before scheduling, during a chunked prefill or after completion.
+# Requests wait (2 at a time, 32 tokens a step): the storm's holders take both slots with a
+# chunked prefill, and the crowd queues behind them.
 SERVE_ENGINE = {
     **ENGINE_DEFAULTS,
     "dtype": "bfloat16",
@@ -173,25 +174,30 @@ def run_probes(srv: server.Server, where: Path, fatal: bool) -> dict:
 
 # -- aborts under load --------------------------------------------------------------------
 
-# The storm: a crowd of clients of which a seeded share leaves mid-request, then clients
-# that leave while their requests wait. Every disconnect hits a request that is in flight by
-# construction, whatever the machine's speed, and the server's side confirms it:
-# - a leaver streams a long request (LONG_TOKENS tokens, ignore_eos) and disconnects after
-#   its first event, which says the request is still running (no finish_reason);
-# - then two such long requests take the engine's max_num_seqs=2 slots (their first events
-#   say they run), WAITING requests are sent behind them, and their clients leave once the
-#   server's vllm:num_requests_waiting gauge counts them: aborts of waiting requests
-#   (what killed EngineCore without vllm#56841).
-# The engine must log an abort for every request whose client left.
-STORM = {"requests": 64, "concurrency": 16, "leave_share": 1 / 3, "waiting": 4}
-LONG_TOKENS = 800  # prompt (< 120 tokens) + 800 < max_model_len (1024)
+# The storm. Every disconnect hits a request in flight by construction, whatever the
+# machine's speed, and the server's side confirms each (vLLM's own endpoints and log):
+# 1. two holders send the longest prompts the model takes (a 1000-token prefill in 32-token
+#    chunks: 63 engine steps for both); once the server counts both running, the engine is
+#    paused with mode=keep (vLLM's /pause, a development endpoint: VLLM_SERVER_DEV_MODE=1),
+#    which freezes them mid-prefill; the server's request_success counter, unchanged, says
+#    neither finished;
+# 2. the crowd: 64 clients at once, their requests queued behind the pause (waiting by
+#    construction); a seeded third leave once the server has logged their request as added
+#    ("Added request …": the abort follows the add on the engine's input queue);
+# 3. the holders leave (aborts of running requests); the engine logs an abort for every
+#    request whose client left; /resume; the rest of the crowd completes.
+# Without vllm#56841 the first abort of a waiting request kills EngineCore.
+STORM = {"requests": 64, "leave_share": 1 / 3}
+HOLD_TOKENS = 1000  # < max_model_len (1024)
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause and /resume, for the storm
 # How long the server may take to reach a state the test waits for (an abort logged, the
 # KV cache freed, a lock removed): a deadline for a slow machine, not an expected time.
 SETTLE_SECONDS = 300
-_STORM_ID = re.compile(r"storm-(?:hold-|waiting-)?\d+")
+_STORM_ID = re.compile(r"storm-(?:hold-)?\d+")
+_DEAD = ("EngineDeadError", "EngineCore encountered")
 
 
-def wait_for(read, done, seconds: float = SETTLE_SECONDS, every: float = 0.5):
+def wait_for(read, done, seconds: float = SETTLE_SECONDS, every: float = 0.2):
     """Poll ``read()`` until ``done(value)`` or ``seconds`` pass: (the last value, whether
     the condition held). The caller fails with the value seen."""
     deadline = time.monotonic() + seconds
@@ -214,88 +220,111 @@ def aborted_ids(log: Path) -> set[str]:
     }
 
 
-def _leave_running(srv: server.Server, request_id: str, prompt: list[int]) -> dict:
-    """Stream a long request, leave after its first event; the outcome says whether the
-    request was still running when its client left."""
-    req = srv.open(prompt, request_id=request_id, stream=True, max_tokens=LONG_TOKENS)
-    try:
-        first = req.first_chunk()
-    finally:
-        req.leave()
-    if first["status"] != 200:
-        return {"outcome": "failed", "status": first["status"], "error": first.get("error")}
-    if first["finish_reason"] is not None:  # cannot happen with LONG_TOKENS; said if it does
-        return {"outcome": "finished before its client left", "first": first}
-    return {"outcome": "disconnected"}
+class LogWatch:
+    """The server log, read as it grows: which storm requests the server has added to the
+    engine, and whether the engine died."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self._lock = threading.Lock()
+        self._pos = 0
+        self._added: set[str] = set()
+        self.dead = False
+
+    def _read(self) -> None:
+        with self._lock, open(self.log, errors="replace") as f:
+            f.seek(self._pos)
+            text = f.read()
+            cut = text.rfind("\n") + 1
+            self._pos += len(text[:cut].encode(errors="replace"))
+            for line in text[:cut].splitlines():
+                if "Added request" in line:
+                    self._added.update(m.group(0) for m in _STORM_ID.finditer(line))
+                self.dead = self.dead or any(d in line for d in _DEAD)
+
+    def wait_added(self, request_id: str) -> bool:
+        """True once the server logged ``request_id`` as added; False if the engine died
+        first (or the deadline passed)."""
+
+        def state() -> tuple[bool, bool]:
+            self._read()
+            return request_id in self._added, self.dead
+
+        (added, _), _ = wait_for(state, lambda v: v[0] or v[1])
+        return added
 
 
-def _client(srv: server.Server, i: int, prompt: list[int], leaves: bool) -> dict:
+def _crowd_client(srv: server.Server, watch: LogWatch, i: int, prompt: list[int],
+                  leaves: bool) -> dict:  # fmt: skip
     entry: dict = {"i": i, "tokens": len(prompt), "leaves": leaves}
-    t0 = time.monotonic()
     try:
+        req = srv.open(prompt, request_id=f"storm-{i}")
         if leaves:
-            entry.update(_leave_running(srv, f"storm-{i}", prompt))
-        else:
-            reply = srv.complete(prompt, headers={"X-Request-Id": f"storm-{i}"}, timeout=600)
-            params = reply.body.get("kv_transfer_params") if isinstance(reply.body, dict) else None
-            entry["status"] = reply.status
-            entry["path"] = (params or {}).get("hidden_states_path")
-            entry["outcome"] = "completed" if reply.status == 200 and entry["path"] else "failed"
+            added = watch.wait_added(f"storm-{i}")
+            req.leave()
+            entry["outcome"] = "left while waiting" if added else "left (never added)"
+            return entry
+        reply = req.reply()
     except OSError as e:  # TimeoutError included
         entry["outcome"] = f"connection error: {type(e).__name__}"
-    entry["seconds"] = round(time.monotonic() - t0, 3)
+        return entry
+    params = reply.body.get("kv_transfer_params") if isinstance(reply.body, dict) else None
+    entry["status"] = reply.status
+    entry["path"] = (params or {}).get("hidden_states_path")
+    entry["outcome"] = "completed" if reply.status == 200 and entry["path"] else "failed"
     return entry
 
 
-def _leave_waiting(srv: server.Server, waiting: int) -> dict:
-    """Two long requests hold both of the engine's slots; ``waiting`` requests queue behind
-    them and their clients leave once the server counts them as waiting."""
-    out: dict = {"requests": waiting}
-    holds = [srv.open(p, request_id=f"storm-hold-{k}", stream=True, max_tokens=LONG_TOKENS)
-             for k, p in enumerate(prompts(23, 8, 9))]  # fmt: skip
+def _post(srv: server.Server, path: str) -> int | None:
     try:
-        firsts = []
-        for h in holds:
-            try:
-                firsts.append(h.first_chunk())
-            except OSError as e:
-                firsts.append({"status": None, "error": f"{type(e).__name__}: {e}"})
-        out["holds"] = firsts
-        if not all(f["status"] == 200 and f.get("finish_reason") is None for f in firsts):
-            return out  # the premise failed: the test says so with these events
-        waits = [srv.open(p, request_id=f"storm-waiting-{k}")
-                 for k, p in enumerate(prompts(24, *[16] * waiting))]  # fmt: skip
-        out["seen_waiting"], out["all_waiting"] = wait_for(
-            lambda: srv.metric("vllm:num_requests_waiting"),
-            lambda v: v is not None and v >= waiting,
-        )
-        out["running_when_left"] = srv.metric("vllm:num_requests_running")
-        for w in waits:
-            w.leave()
-        out["left"] = [w.request_id for w in waits]
-    finally:
-        for h in holds:
-            h.leave()
-    return out
+        return srv.request("POST", path, timeout=120).status
+    except OSError:
+        return None
 
 
-def run_storm(srv: server.Server, where: Path, *, requests: int, concurrency: int,
-              leave_share: float, waiting: int, seed: int = 0) -> dict:  # fmt: skip
-    """``requests`` clients, ``concurrency`` at a time, a seeded share of which leaves while
-    its request runs; then ``waiting`` clients that leave while theirs wait (see STORM).
-    Then: every completed request's file read and checked, the server asked again, what is
-    left in the storage directory, the KV cache's usage, the aborts the engine logged."""
+def run_storm(srv: server.Server, where: Path, *, requests: int, leave_share: float,
+              seed: int = 0) -> dict:  # fmt: skip
+    """The storm (see STORM): holders frozen mid-prefill, a crowd queued behind the pause
+    of which a seeded share leaves, the holders leave, resume. Then: every completed
+    request's file read and checked, the server asked again, what is left in the storage
+    directory, the KV cache's usage, the aborts the engine logged."""
     rng = random.Random(seed)
     plan = [
         (i, [rng.randrange(1, 512) for _ in range(rng.randrange(8, 120))],
          rng.random() < leave_share)
         for i in range(requests)
     ]  # fmt: skip
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(concurrency) as pool:
-        clients = list(pool.map(lambda a: _client(srv, *a), plan))
     out: dict = {"requests": requests, "leavers": sum(1 for *_, leaves in plan if leaves)}
-    out["waiting"] = _leave_waiting(srv, waiting) if srv.healthy() else {"skipped": "server dead"}
+    t0 = time.monotonic()
+    success = lambda: srv.metric("vllm:request_success_total") or 0.0  # noqa: E731
+    before = success()
+    holds = [srv.open(p, request_id=f"storm-hold-{k}")
+             for k, p in enumerate(prompts(23, HOLD_TOKENS, HOLD_TOKENS))]  # fmt: skip
+    out["running_seen"], running = wait_for(
+        lambda: srv.metric("vllm:num_requests_running"), lambda v: v == 2
+    )
+    out["pause_status"] = _post(srv, "/pause?mode=keep") if running else None
+    paused = srv.request("GET", "/is_paused", timeout=60).body if out["pause_status"] else {}
+    out["paused"] = isinstance(paused, dict) and paused.get("is_paused") is True
+    # Neither holder finished before the pause froze them: they are running, mid-prefill.
+    out["finished_before_pause"] = success() - before
+    watch = LogWatch(srv.log)
+    with ThreadPoolExecutor(requests) as pool:
+        futures = [pool.submit(_crowd_client, srv, watch, *a) for a in plan]
+        if out["paused"]:
+            for f, (*_, leaves) in zip(futures, plan, strict=True):
+                if leaves:
+                    f.result()  # every leaver has left before the holders do
+        for h in holds:
+            h.leave()
+        left = [f"storm-hold-{k}" for k in range(len(holds))]
+        left += [f"storm-{i}" for i, _, leaves in plan if leaves]
+        seen, out["all_aborted"] = wait_for(
+            lambda: aborted_ids(srv.log), lambda ids: set(left) <= ids or watch.dead
+        )
+        out["not_aborted"] = sorted(set(left) - seen)
+        out["resume_status"] = _post(srv, "/resume")
+        clients = [f.result() for f in futures]
     out["seconds"] = round(time.monotonic() - t0, 1)
     prompts_by_i = {i: p for i, p, _ in plan}
     files = []
@@ -311,33 +340,15 @@ def run_storm(srv: server.Server, where: Path, *, requests: int, concurrency: in
     out["clients"] = clients
     out["outcomes"] = {k: sum(1 for c in clients if c["outcome"] == k)
                        for k in sorted({c["outcome"] for c in clients})}  # fmt: skip
-    left = [f"storm-{c['i']}" for c in clients if c["outcome"] == "disconnected"]
-    left += out["waiting"].get("left", []) + [
-        f"storm-hold-{k}" for k, f in enumerate(out["waiting"].get("holds", []))
-        if f["status"] == 200 and f.get("finish_reason") is None
-    ]  # fmt: skip
     out["left"] = left
     out["healthy_after"] = srv.healthy()
     if out["healthy_after"]:
         follow = srv.complete(prompts(22, 40)[0], timeout=600)
         out["follow_up_status"] = follow.status
-        # The engine aborts each request whose client left (the server's side of the
-        # disconnect); a lock of an aborted request goes at the step after.
-        seen, out["all_aborted"] = wait_for(lambda: aborted_ids(srv.log), set(left).issubset)
-        out["not_aborted"] = sorted(set(left) - seen)
+        # A lock of an aborted request goes at the engine's next step.
         leftovers, out["settled"] = wait_for(lambda: server.everything_under(srv.storage),
                                              lambda names: not _orphan_locks(names))  # fmt: skip
         out["storage_left"] = leftovers
-        # Files of requests that finished after their client left: complete, not aborted.
-        for name in leftovers:
-            if name.endswith(".safetensors") and name.startswith("cmpl-storm-"):
-                m = re.match(r"cmpl-storm-(\d+)", name)
-                if m is None:  # a hold's or a waiting request's: none is expected
-                    continue
-                i = int(m.group(1))
-                kept = where / "left" / name
-                server.read_locked(str(srv.storage / name), kept)
-                files.append({"name": f"left-{i}", "kept": str(kept), "prompt": prompts_by_i[i]})
         follow_path = (follow.body.get("kv_transfer_params") or {}).get("hidden_states_path") \
             if isinstance(follow.body, dict) else None  # fmt: skip
         if follow_path:
@@ -424,8 +435,8 @@ def run_server_session(shared: Path, name: str, wheels: dict, models: dict, clie
         result: dict = {"wheel": wheel.kind, "start_error": None}
         t0 = time.monotonic()
         try:
-            with server.serving(wheel.env, model, where, layers=LAYERS,
-                                engine=SERVE_ENGINE) as srv:  # fmt: skip
+            with server.serving(wheel.env, model, where, layers=LAYERS, engine=SERVE_ENGINE,
+                                env_vars=DEV_MODE) as srv:  # fmt: skip
                 result["start_seconds"] = srv.start_seconds
                 result["served_version"] = srv.request("GET", "/version", timeout=60).body
                 for part in parts:

@@ -50,9 +50,9 @@ def engine_shared(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_wheels(engine_shared, engine_device, tmp_path_factory):
-    """Our wheel and the proof wheel, each in its engine environment."""
-    if engine_device != "cpu":
-        pytest.skip("the engine tests' CUDA sessions need a GPU machine (see docs/engine.md)")
+    """Our wheel and the proof wheel for the device, each in its engine environment."""
+    if engine_device == "cuda" and harness.gpus() == 0:
+        pytest.skip("--engine-device cuda: this machine shows no NVIDIA GPU (nvidia-smi -L)")
     from vllm_overlay import util
 
     with (
@@ -63,11 +63,13 @@ def engine_wheels(engine_shared, engine_device, tmp_path_factory):
     ):  # one worker builds, the other finds them up to date
         isolate(mp, tmp_path_factory, network=True)
         mp.setenv("VLLM_OVERLAY_PROJECT", str(harness.REPO))
-        ours = harness.build_cpu_wheel(harness.REPO, engine_shared / "wheels" / "ours")
+        ours = harness.build_wheel(harness.REPO, engine_shared / "wheels" / "ours", engine_device)
         without_project = harness.project_without(
             harness.REPO, engine_shared / "projects" / "without", harness.HIDDEN_STATE_CHANGES
         )
-        without = harness.build_cpu_wheel(without_project, engine_shared / "wheels" / "without")
+        without = harness.build_wheel(
+            without_project, engine_shared / "wheels" / "without", engine_device
+        )
         return {
             "ours": harness.Wheel("ours", ours, harness.engine_env(ours, "ours")),
             "without": harness.Wheel("without", without, harness.engine_env(without, "without")),
@@ -82,13 +84,18 @@ def engine_models(engine_wheels, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def engine_session(engine_wheels, engine_models, engine_shared, tmp_path_factory):
+def engine_session(engine_wheels, engine_models, engine_shared, engine_device, tmp_path_factory):
     """``engine_session(name)``: the engine session ``name`` of SESSIONS, run once per test run."""
 
     def get(name: str) -> harness.Session:
         wheel, model, engine, case_list, env_vars = SESSIONS[name]
-        if env_vars.get("VLLM_CPU_OMP_THREADS_BIND") and (os.cpu_count() or 1) < 2:
-            pytest.skip("tensor_parallel_size=2 on the CPU needs two cores (one per rank)")
+        tp = engine.get("tensor_parallel_size", 1)
+        if engine_device == "cpu" and tp > 1 and (os.cpu_count() or 1) < tp:
+            pytest.skip(f"tensor_parallel_size={tp} on the CPU needs {tp} cores (one per rank)")
+        if engine_device == "cuda" and tp > 1 and harness.gpus() < tp:
+            pytest.skip(f"tensor_parallel_size={tp} on CUDA needs {tp} GPUs")
+        if engine_device != "cpu":  # the CPU backend's settings (thread binding) stay out
+            env_vars = {k: v for k, v in env_vars.items() if not k.startswith("VLLM_CPU_")}
         spec = {
             "model": engine_models[model],
             "layers": LAYERS,

