@@ -190,7 +190,7 @@ def stress(n: int, work: Path, env, model: str) -> dict:
     where = work / "stress"
     storm = {**clients.STORM, "requests": n}
     with server.serving(env, model, where, layers=LAYERS, engine=clients.SERVE_ENGINE,
-                        env_vars=clients.DEV_MODE) as srv:  # fmt: skip
+                        env_vars=clients.storm_environ(where)) as srv:  # fmt: skip
         out = clients.run_storm(srv, where, **storm)
         out["log_errors"] = clients.log_errors(srv.log)
     clients.check({"storm": out}, env, model, where)

@@ -176,20 +176,28 @@ def run_probes(srv: server.Server, where: Path, fatal: bool) -> dict:
 
 # The storm. Every disconnect hits a request in flight by construction, whatever the
 # machine's speed, and the server's side confirms each (vLLM's own endpoints and log):
-# 1. two holders send the longest prompts the model takes (a 1000-token prefill in 32-token
-#    chunks: 63 engine steps for both); once the server counts both running, the engine is
-#    paused with mode=keep (vLLM's /pause, a development endpoint: VLLM_SERVER_DEV_MODE=1),
-#    which freezes them mid-prefill; the server's request_success counter, unchanged, says
-#    neither finished;
+# 1. a holder sends the longest prompt the model takes (1000 tokens: 32 chunks of 32); the
+#    engine pauses itself in the step that gives it its first chunk (the engine tests'
+#    probe plugin, VO_PAUSE_ON: what vLLM's /pause?mode=keep sets), so the holder is
+#    running, mid-prefill, and stays so; the probe writes what ran and waited then;
 # 2. the crowd: 64 clients at once, their requests queued behind the pause (waiting by
 #    construction); a seeded third leave once the server has logged their request as added
 #    ("Added request …": the abort follows the add on the engine's input queue);
-# 3. the holders leave (aborts of running requests); the engine logs an abort for every
-#    request whose client left; /resume; the rest of the crowd completes.
+# 3. the holder leaves (the abort of a running request); the engine logs an abort for
+#    every request whose client left; /resume (a development endpoint:
+#    VLLM_SERVER_DEV_MODE=1); the rest of the crowd completes.
 # Without vllm#56841 the first abort of a waiting request kills EngineCore.
 STORM = {"requests": 64, "leave_share": 1 / 3}
 HOLD_TOKENS = 1000  # < max_model_len (1024)
-DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause and /resume, for the storm
+PAUSE_FILE = "pause.json"
+
+
+def storm_environ(where: Path) -> dict[str, str]:
+    """The server's environment for the storm: /resume, and the probe's self-pause."""
+    return {"VLLM_SERVER_DEV_MODE": "1", "VO_PAUSE_ON": "storm-hold-",
+            "VO_PAUSE_FILE": str(where / PAUSE_FILE)}  # fmt: skip
+
+
 # How long the server may take to reach a state the test waits for (an abort logged, the
 # KV cache freed, a lock removed): a deadline for a slow machine, not an expected time.
 SETTLE_SECONDS = 300
@@ -284,10 +292,11 @@ def _post(srv: server.Server, path: str) -> int | None:
 
 def run_storm(srv: server.Server, where: Path, *, requests: int, leave_share: float,
               seed: int = 0) -> dict:  # fmt: skip
-    """The storm (see STORM): holders frozen mid-prefill, a crowd queued behind the pause
-    of which a seeded share leaves, the holders leave, resume. Then: every completed
-    request's file read and checked, the server asked again, what is left in the storage
-    directory, the KV cache's usage, the aborts the engine logged."""
+    """The storm (see STORM; the server runs with ``storm_environ``): a holder frozen
+    mid-prefill, a crowd queued behind the pause of which a seeded share leaves, the holder
+    leaves, resume. Then: every completed request's file read and checked, the server asked
+    again, what is left in the storage directory, the KV cache's usage, the aborts the
+    engine logged."""
     rng = random.Random(seed)
     plan = [
         (i, [rng.randrange(1, 512) for _ in range(rng.randrange(8, 120))],
@@ -296,18 +305,13 @@ def run_storm(srv: server.Server, where: Path, *, requests: int, leave_share: fl
     ]  # fmt: skip
     out: dict = {"requests": requests, "leavers": sum(1 for *_, leaves in plan if leaves)}
     t0 = time.monotonic()
-    success = lambda: srv.metric("vllm:request_success_total") or 0.0  # noqa: E731
-    before = success()
-    holds = [srv.open(p, request_id=f"storm-hold-{k}")
-             for k, p in enumerate(prompts(23, HOLD_TOKENS, HOLD_TOKENS))]  # fmt: skip
-    out["running_seen"], running = wait_for(
-        lambda: srv.metric("vllm:num_requests_running"), lambda v: v == 2
+    holds = [srv.open(prompts(23, HOLD_TOKENS)[0], request_id="storm-hold-0")]
+    paused, out["paused"] = wait_for(
+        lambda: srv.request("GET", "/is_paused", timeout=60).body,
+        lambda body: isinstance(body, dict) and body.get("is_paused") is True,
     )
-    out["pause_status"] = _post(srv, "/pause?mode=keep") if running else None
-    paused = srv.request("GET", "/is_paused", timeout=60).body if out["pause_status"] else {}
-    out["paused"] = isinstance(paused, dict) and paused.get("is_paused") is True
-    # Neither holder finished before the pause froze them: they are running, mid-prefill.
-    out["finished_before_pause"] = success() - before
+    pause_file = srv.storage.parent.parent / PAUSE_FILE
+    out["pause"] = json.loads(pause_file.read_text()) if pause_file.is_file() else paused
     watch = LogWatch(srv.log)
     with ThreadPoolExecutor(requests) as pool:
         futures = [pool.submit(_crowd_client, srv, watch, *a) for a in plan]
@@ -317,7 +321,7 @@ def run_storm(srv: server.Server, where: Path, *, requests: int, leave_share: fl
                     f.result()  # every leaver has left before the holders do
         for h in holds:
             h.leave()
-        left = [f"storm-hold-{k}" for k in range(len(holds))]
+        left = [h.request_id for h in holds]
         left += [f"storm-{i}" for i, _, leaves in plan if leaves]
         seen, out["all_aborted"] = wait_for(
             lambda: aborted_ids(srv.log), lambda ids: set(left) <= ids or watch.dead
@@ -436,7 +440,7 @@ def run_server_session(shared: Path, name: str, wheels: dict, models: dict, clie
         t0 = time.monotonic()
         try:
             with server.serving(wheel.env, model, where, layers=LAYERS, engine=SERVE_ENGINE,
-                                env_vars=DEV_MODE) as srv:  # fmt: skip
+                                env_vars=storm_environ(where)) as srv:  # fmt: skip
                 result["start_seconds"] = srv.start_seconds
                 result["served_version"] = srv.request("GET", "/version", timeout=60).body
                 for part in parts:

@@ -61,22 +61,25 @@ def test_a_request_id_too_long_for_a_file_name_is_served(server_session):
 
 def test_aborts_under_load_leave_a_working_server_and_no_files(server_session):
     """Every disconnect of the storm hits a request in flight by construction (clients.STORM):
-    two holders frozen mid-prefill by a pause, a crowd queued behind it of which a seeded
-    third leaves. The counts are the test's own, whatever the machine's speed."""
+    a holder frozen mid-prefill by the engine's own pause, a crowd queued behind it of which
+    a seeded third leaves. The counts are the test's own, whatever the machine's speed."""
     r = server_session("ours-serve")
     storm = r["storm"]
     leavers = storm["leavers"]
-    # The premise, from the server's side: both holders running, the engine paused, and no
-    # request finished between the holders' start and the pause.
-    assert storm["running_seen"] == 2 and storm["paused"], storm
-    assert storm["finished_before_pause"] == 0, storm
+    # The premise, from the server's side: the engine paused itself in the step that gave
+    # the holder its first chunk; the holder was running, with most of its prompt to go.
+    pause = storm["pause"]
+    assert storm["paused"] and len(pause["paused_for"]) == 1, storm
+    (hold,) = pause["paused_for"]
+    assert "storm-hold-0" in hold and hold in pause["running"], pause
+    assert pause["scheduled_tokens"][hold] < pause["prompt_tokens"][hold], pause
     assert 0 < leavers < STORM["requests"]
     assert storm["outcomes"] == {
         "completed": STORM["requests"] - leavers, "left while waiting": leavers,
     }, [c for c in storm["clients"] if c["outcome"] not in ("completed", "left while waiting")]  # fmt: skip
     # The server's side of every disconnect: the engine aborted each request whose client
-    # left (the two running holders, every waiting leaver), then resumed.
-    assert len(storm["left"]) == leavers + 2
+    # left (the running holder, every waiting leaver), then resumed.
+    assert len(storm["left"]) == leavers + 1
     assert storm["all_aborted"], f"not aborted: {storm['not_aborted']}"
     assert storm["resume_status"] == 200
     assert storm["healthy_after"] and storm["follow_up_status"] == 200, storm["outcomes"]
