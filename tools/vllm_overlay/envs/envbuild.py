@@ -21,6 +21,7 @@ cache under its size cap (``cache.enforce_cap``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -44,6 +45,28 @@ PYTHON = "3.11"  # every environment's Python (the CPU torch wheels are built fo
 FREEZE = "freeze.txt"
 CONSTRAINTS_DIR = "constraints"
 RECIPE = "recipe.json"
+
+
+class RecipeJson:
+    """What every kind's recipe (a frozen dataclass) shares: its JSON, which is written into
+    the environment, and the hash of that JSON, which names the environment's directory."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"  # type: ignore[call-overload]
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
+def project_constraints(name: str, project: Path | None = None) -> Path | None:
+    """``constraints/<name>`` of the overlay project (None outside a project)."""
+    if project is None:
+        try:
+            project = util.project_root()
+        except OverlayError:
+            return None
+    return project / CONSTRAINTS_DIR / name
 
 
 def root() -> Path:
@@ -65,6 +88,17 @@ def read_marker(path: Path) -> dict | None:
     if not isinstance(marker, dict) or not (path / VENV / "bin" / "python").exists():
         return None
     return marker
+
+
+def load_env(path: Path, cls, *fields: str):
+    """``cls(path, python, recipe_hash, <fields from the marker>)`` for the complete
+    environment at ``path``; None when it is absent, unfinished or its marker lacks a field."""
+    marker = read_marker(path)
+    try:
+        values = {f: marker[f] for f in ("recipe_hash", *fields)}  # type: ignore[index]
+    except (KeyError, TypeError):
+        return None
+    return cls(path=path, python=path / VENV / "bin" / "python", **values)
 
 
 def hold(recipe_hash: str) -> None:

@@ -37,10 +37,9 @@ a marker written last), the one builder the engine environment (``enginenv``) us
 from __future__ import annotations
 
 import email.parser
-import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -146,7 +145,7 @@ HF_HOME = "hf"
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(envbuild.RecipeJson):
     """Everything that decides the environment's content; ``hash`` names it."""
 
     format: int
@@ -159,13 +158,6 @@ class Recipe:
     upstream: str = ""  # "vllm 0.24.0", from the tree's PKG-INFO; "" when it has none
     constraints_file: str = ""  # e.g. constraints/testenv-vllm-0.24.0.txt; "": resolved freely
     constraints: str = ""  # that file's text: the exact set every build installs
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def install_args(
         self, plugin_dir: Path, requirements_file: Path, constraints_file: Path | None = None
@@ -279,12 +271,7 @@ def tree_release(tree: Path) -> tuple[str, str] | None:
 def constraints_path(name: str, version: str, project: Path | None = None) -> Path | None:
     """The committed constraints file of the test environment for ``name`` ``version``,
     in the overlay project's constraints/ directory (None outside a project)."""
-    if project is None:
-        try:
-            project = util.project_root()
-        except OverlayError:
-            return None
-    return project / CONSTRAINTS_DIR / f"testenv-{name}-{version}.txt"
+    return envbuild.project_constraints(f"testenv-{name}-{version}.txt", project)
 
 
 def recipe(tree: Path, *, pinned: bool = True) -> Recipe:
@@ -325,13 +312,7 @@ def lock_path(rec: Recipe) -> Path:
 
 def load(path: Path) -> TestEnv | None:
     """The complete environment at ``path``, or None when absent or unfinished."""
-    marker = envbuild.read_marker(path)
-    try:
-        recipe_hash, torch_version = marker["recipe_hash"], marker["torch_version"]
-    except (KeyError, TypeError):
-        return None
-    python = path / VENV / "bin" / "python"
-    return TestEnv(path=path, python=python, recipe_hash=recipe_hash, torch_version=torch_version)
+    return envbuild.load_env(path, TestEnv, "torch_version")
 
 
 def slot(rec: Recipe) -> str:
