@@ -36,9 +36,11 @@ SERVE_ENGINE = {
     "enforce_eager": True,
     "seed": 0,
     "enable_prefix_caching": False,
-    "enable_log_requests": True,  # "Aborted request(s) …" lines: the engine's abort count
+    "enable_log_requests": True,  # "Added request"/"Aborted request(s)": the server's side
+    # The storm's VLLM_SERVER_DEV_MODE=1 turns this on: a client error (the probes' malformed
+    # kv_transfer_params, answered 400) would then be logged as an ERROR with its stack.
+    "log_error_stack": False,
 }
-STORM = {"requests": 64, "concurrency": 16, "disconnect_share": 1 / 3, "max_delay": 1.5}
 SPECULATORS_ROWS = prompts(11, 5, 17, 32, 33, 64, 90, 128, 200)
 
 
