@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from vllm_overlay.overlay.project import Project
+from vllm_overlay.rebase.releases import newer_releases
 from vllm_overlay.track.outlook import load_series
-from vllm_overlay.track.releases import newer_releases
 from vllm_overlay.util import cache_dir, run
 
 

@@ -11,36 +11,23 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import RebaseError, UsageError
 from vllm_overlay.gitrepo import git
-from vllm_overlay.index.client import configured_index_urls, list_files, release_file_kind
 from vllm_overlay.overlay.model import Overlay
 from vllm_overlay.pin.lockfile import parse_lock, render_lock
 from vllm_overlay.pin.pinning import LockPlan, compute_lock
+from vllm_overlay.rebase.releases import newest_release
 from vllm_overlay.rebase.state import State
 from vllm_overlay.util import info
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
-def _is_final(v: str) -> bool:
-    try:
-        return not Version(v).is_prerelease and not Version(v).is_devrelease
-    except InvalidVersion:
-        return False
-
-
 def latest_release(name: str, index_url: str | None) -> str:
-    """The newest final release of ``name`` on the package index that has an sdist."""
-    versions: set[str] = set()
-    for url in configured_index_urls(index_url):
-        for f in list_files(name, url):
-            if f.yanked or not f.filename.endswith(".tar.gz"):
-                continue
-            v = f.filename[: -len(".tar.gz")].rpartition("-")[2]
-            if _is_final(v) and release_file_kind(f.filename, name, v) == "sdist":
-                versions.add(v)
-    if not versions:
-        raise RebaseError(f"the package index lists no release of {name}; pass --to VERSION.")
-    return max(versions, key=Version)
+    """The newest final release of ``name`` on the package index that can be a target (its
+    sdist listed and not yanked): the one list of releases, ``releases.newest_release``."""
+    rel, notes = newest_release(name, index_url)
+    for note in notes:
+        info(note)
+    return rel.version
 
 
 def release_of_commit(git_url: str, commit: str) -> str:

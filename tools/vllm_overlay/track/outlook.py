@@ -29,9 +29,9 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock, Upstream
 from vllm_overlay.pin.trees import commit_tree, sdist_repo
+from vllm_overlay.rebase.releases import Release, ensure_sdist, newer_releases
 from vllm_overlay.testing import proving
 from vllm_overlay.track import classify
-from vllm_overlay.track.releases import Release, ensure_sdist, newer_releases
 from vllm_overlay.track.sdist import MemberCache
 from vllm_overlay.util import atomic_write_text, cache_dir, sha256_bytes
 

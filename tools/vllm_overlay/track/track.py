@@ -25,9 +25,9 @@ from vllm_overlay import rebase
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.gitrepo import git, rev_parse
 from vllm_overlay.overlay.project import Project
+from vllm_overlay.rebase.releases import newer_releases, newest_release
 from vllm_overlay.track import report as track_report
 from vllm_overlay.track.classify import conflict_regions
-from vllm_overlay.track.releases import newer_releases, newest_release
 from vllm_overlay.util import exclusive_lock, info
 
 UP_TO_DATE, READY, NEEDS_PERSON = "up-to-date", "ready", "needs-person"

@@ -1,4 +1,5 @@
-"""The releases newer than the pin, as the package index lists them.
+"""The releases of upstream, as the package index lists them: the one list that the rebase
+(``--to latest``), the tracking run and the outlook read.
 
 Every final release newer than the pinned one is a column of the outlook. A release the index
 lists without an sdist, or whose sdist is yanked, cannot be a target (the tool builds from the
