@@ -119,7 +119,8 @@ def ensure_client_env(
         lambda staging: _build(rec, staging),
         load,
         rebuild=rebuild,
-        slot=f"client-env {rec.name}",
+        slot=f"client-env {rec.name}"
+        + ("" if rec.constraints_file.endswith(".txt") else " unpinned"),
         tag="clientenv",
     )
 

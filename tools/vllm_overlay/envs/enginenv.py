@@ -216,7 +216,10 @@ def slot(rec: EngineRecipe, wheel: Path, label: str = "") -> str:
     release and platform, and the caller's ``label`` (the engine tests' "ours" and
     "without" are two slots of one variant)."""
     platform = "-".join(sorted(t.platform for t in parse_wheel_filename(wheel.name)[3]))
-    return " ".join(filter(None, ("engine-env", rec.distribution, rec.version, platform, label)))
+    pinned = "" if rec.constraints_file else "unpinned"  # --freeze's, beside the pinned one
+    return " ".join(
+        filter(None, ("engine-env", rec.distribution, rec.version, platform, label, pinned))
+    )
 
 
 def ensure_engine_env(

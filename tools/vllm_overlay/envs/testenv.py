@@ -317,8 +317,9 @@ def load(path: Path) -> TestEnv | None:
 
 def slot(rec: Recipe) -> str:
     """A new recipe for the same release (new constraints, a new format) supersedes the old
-    one; a tree without a release is a slot of its own."""
-    return f"test-env {rec.upstream or rec.hash}"
+    one; a tree without a release is a slot of its own, and so is the freely resolved
+    environment (`--freeze`) beside the pinned one."""
+    return f"test-env {rec.upstream or rec.hash}" + ("" if rec.constraints_file else " unpinned")
 
 
 def ensure_testenv(tree: Path, *, rebuild: bool = False, pinned: bool = True) -> TestEnv:
