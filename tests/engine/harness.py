@@ -158,6 +158,7 @@ def tiny_models(env) -> dict[str, str]:
             os.replace(staging, dest)
     # In use by this run until it ends: `vllm-overlay cache prune` passes them by.
     util.hold(dest.with_suffix(".lock"), "the engine tests' tiny models")
+    util.touch(dest)
     return json.loads(index.read_text())
 
 

@@ -87,6 +87,24 @@ def test_a_file_linked_from_two_entries_is_counted_once_and_freed_with_the_last(
     assert entries.on_disk >= 200_000
 
 
+def test_a_size_limit_counts_what_removing_frees_with_links_shared():
+    """Two environments share a 300 KB file (as uv's links do): removing the older alone
+    frees almost nothing, so fitting 100 KB takes both, and the dry run says so exactly."""
+    a = fake_env("aaaa", slot="s1", size=10, age_days=9)
+    b = fake_env("bbbb", slot="s2", size=10, age_days=5)
+    c = fake_env("cccc", slot="s3", size=10, age_days=1)
+    (a / "venv" / "torch.so").write_bytes(b"t" * 300_000)
+    os.link(a / "venv" / "torch.so", b / "venv" / "torch.so")
+    entries = cache.inventory(cache.ENV_KINDS)
+    assert cache.on_disk_of(entries) == entries.on_disk
+    picked = cache.choose(entries, max_total=100_000)
+    assert [e.path for e in picked] == [a, b]
+    dry = cache.prune(max_total=100_000, dry_run=True)
+    assert [e.path for e in dry.chosen] == [a, b] and dry.total_after <= 100_000
+    res = cache.prune(max_total=100_000)
+    assert not a.exists() and not b.exists() and c.is_dir() and res.total_after <= 100_000
+
+
 def test_the_verb_lists_each_kind_and_each_entry(cli):
     fake_env("aaaa", slot="test-env vllm 0.24.0", age_days=2)
     fake_env("bbbb", slot="test-env vllm 0.24.0")

@@ -177,6 +177,7 @@ def _prune(args: argparse.Namespace) -> int:
         return 0
     for e in res.in_use:
         print(f"kept (in use by another process): {e.kind} {e.path}")
-    print(f"removed {len(res.removed)} entries, {cache.format_size(res.freed)}: "
+    print(f"removed {len(res.removed)} entries, "
+          f"{cache.format_size(res.total_before - res.total_after)}: "
           f"{cache.format_size(res.total_before)} -> {cache.format_size(res.total_after)}")  # fmt: skip
     return 0

@@ -106,7 +106,7 @@ def max_size() -> int | None:
 # -- the entries ----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity
 class Entry:
     kind: str
     path: Path
@@ -117,6 +117,7 @@ class Entry:
     unused: bool = False  # no current recipe or lock uses it
     why: str = ""  # what it is, or why it is unused
     slot: str = ""  # an environment's slot
+    inodes: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)  # -> bytes
 
     def to_json(self) -> dict:
         return {
@@ -156,17 +157,24 @@ def _walk(path: Path) -> dict[tuple[int, int], list[int]]:
 
 
 def _sizes(entries: list[Entry]) -> int:
-    """Each entry's ``size`` (what removing it frees: files no other path links to) and
+    """Each entry's ``size`` (what removing it alone frees: files no other path links to),
     ``shared`` (files hard-linked from elsewhere too: uv links its cache into the
-    environments); returns the bytes on disk of them all, each file counted once."""
-    everything: dict[tuple[int, int], int] = {}
+    environments) and ``inodes``; returns the bytes on disk of them all, each file once."""
     for e in entries:
-        inodes = _walk(e.path)
-        e.size = sum(b for b, nlink, here in inodes.values() if here >= nlink or nlink <= 1)
-        e.shared = sum(b for b, nlink, here in inodes.values() if 1 < nlink and here < nlink)
-        for key, (b, _, _) in inodes.items():
-            everything[key] = b
-    return sum(everything.values())
+        found = _walk(e.path)
+        e.size = sum(b for b, nlink, here in found.values() if here >= nlink or nlink <= 1)
+        e.shared = sum(b for b, nlink, here in found.values() if 1 < nlink and here < nlink)
+        e.inodes = {key: b for key, (b, _, _) in found.items()}
+    return on_disk_of(entries)
+
+
+def on_disk_of(entries: Iterable[Entry]) -> int:
+    """The bytes on disk of ``entries`` together, a file linked from several counted once:
+    what the cache would hold with only these (exact, where the links are the cache's own)."""
+    union: dict[tuple[int, int], int] = {}
+    for e in entries:
+        union.update(e.inodes)
+    return sum(union.values())
 
 
 def _project_pins() -> tuple[set[str], set[str]] | None:
@@ -298,11 +306,6 @@ def _mark_unused(entries: list[Entry]) -> None:
             e.unused, e.why = True, f"superseded in its slot ({e.slot})"
 
 
-def total(entries: list[Entry]) -> int:
-    """The bytes on disk of ``entries``, a file linked from several counted once."""
-    return _sizes(list(entries))
-
-
 # -- removal --------------------------------------------------------------------------------
 
 
@@ -357,10 +360,6 @@ class PruneResult:
     total_before: int = 0
     total_after: int = 0
 
-    @property
-    def freed(self) -> int:
-        return sum(e.size for e in self.removed)
-
 
 def choose(
     entries: list[Entry],
@@ -370,11 +369,11 @@ def choose(
     unused: bool = False,
     keep: Iterable[Path] = (),
     now: float | None = None,
-    on_disk: int | None = None,
 ) -> list[Entry]:
     """The entries the rules pick, oldest use first: unused ones (``unused``), those last
     used more than ``older_than`` seconds ago, then the least recently used until the rest
-    fit in ``max_total`` bytes. ``keep`` is never picked."""
+    fit in ``max_total`` bytes (counted with ``on_disk_of``: a file linked from several
+    entries is freed with the last of them). ``keep`` is never picked."""
     now = time.time() if now is None else now
     kept = {Path(k) for k in keep}
     pool = sorted((e for e in entries if e.path not in kept), key=lambda e: e.last_use)
@@ -383,13 +382,13 @@ def choose(
         if (unused and e.unused) or (older_than is not None and now - e.last_use > older_than):
             picked.append(e)
     if max_total is not None:
-        left = (total(entries) if on_disk is None else on_disk) - sum(e.size for e in picked)
+        rest = [e for e in entries if e not in picked]
         for e in pool:
-            if left <= max_total:
+            if on_disk_of(rest) <= max_total:
                 break
             if e not in picked:
                 picked.append(e)
-                left -= e.size
+                rest.remove(e)
     return picked
 
 
@@ -416,8 +415,8 @@ def prune(
     by_rule = choose(entries, older_than=older_than, unused=unused, keep=keep)
     if dry_run:
         res.chosen = choose(entries, older_than=older_than, max_total=max_total, unused=unused,
-                            keep=keep, on_disk=entries.on_disk)  # fmt: skip
-        res.total_after = res.total_before - sum(e.size for e in res.chosen)
+                            keep=keep)  # fmt: skip
+        res.total_after = on_disk_of(e for e in entries if e not in res.chosen)
         return res
 
     def take(e: Entry) -> None:
@@ -436,7 +435,7 @@ def prune(
     now = inventory(kinds)
     while max_total is not None and now.on_disk > max_total:
         passed = keep + [e.path for e in res.chosen]
-        pick = choose(now, max_total=max_total, keep=passed, on_disk=now.on_disk)
+        pick = choose(now, max_total=max_total, keep=passed)
         if not pick:
             break  # what is left is kept, in use, or already tried
         take(pick[0])
