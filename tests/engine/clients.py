@@ -220,28 +220,20 @@ def wait_for(read, done, seconds: float = SETTLE_SECONDS, every: float = 0.2):
         time.sleep(every)
 
 
-def aborted_ids(log: Path) -> set[str]:
-    """The storm's request ids the engine logged as aborted (``Aborted request(s) …``)."""
-    return {
-        m.group(0)
-        for line in log.read_text(errors="replace").splitlines()
-        if "Aborted request(s)" in line
-        for m in _STORM_ID.finditer(line)
-    }
-
-
 class LogWatch:
     """The server log, read as it grows: which storm requests the server has added to the
-    engine, and whether the engine died."""
+    engine and which it aborted (``Added request …``, ``Aborted request(s) …``), and
+    whether the engine died."""
 
     def __init__(self, log: Path) -> None:
         self.log = log
         self._lock = threading.Lock()
         self._pos = 0
-        self._added: set[str] = set()
+        self.added: set[str] = set()
+        self.aborted: set[str] = set()
         self.dead = False
 
-    def _read(self) -> None:
+    def read(self) -> LogWatch:
         with self._lock, open(self.log, errors="replace") as f:
             f.seek(self._pos)
             text = f.read()
@@ -249,19 +241,17 @@ class LogWatch:
             self._pos += len(text[:cut].encode(errors="replace"))
             for line in text[:cut].splitlines():
                 if "Added request" in line:
-                    self._added.update(m.group(0) for m in _STORM_ID.finditer(line))
+                    self.added.update(m.group(0) for m in _STORM_ID.finditer(line))
+                elif "Aborted request(s)" in line:
+                    self.aborted.update(m.group(0) for m in _STORM_ID.finditer(line))
                 self.dead = self.dead or any(d in line for d in _DEAD)
+        return self
 
     def wait_added(self, request_id: str) -> bool:
         """True once the server logged ``request_id`` as added; False if the engine died
         first (or the deadline passed)."""
-
-        def state() -> tuple[bool, bool]:
-            self._read()
-            return request_id in self._added, self.dead
-
-        (added, _), _ = wait_for(state, lambda v: v[0] or v[1])
-        return added
+        w, _ = wait_for(self.read, lambda w: request_id in w.added or w.dead)
+        return request_id in w.added
 
 
 def _crowd_client(srv: server.Server, watch: LogWatch, i: int, prompt: list[int],
@@ -307,28 +297,24 @@ def run_storm(srv: server.Server, where: Path, *, requests: int, leave_share: fl
     ]  # fmt: skip
     out: dict = {"requests": requests, "leavers": sum(1 for *_, leaves in plan if leaves)}
     t0 = time.monotonic()
-    holds = [srv.open(prompts(23, HOLD_TOKENS)[0], request_id="storm-hold-0")]
-    paused, out["paused"] = wait_for(
+    hold = srv.open(prompts(23, HOLD_TOKENS)[0], request_id="storm-hold-0")
+    _, out["paused"] = wait_for(
         lambda: srv.request("GET", "/is_paused", timeout=60).body,
         lambda body: isinstance(body, dict) and body.get("is_paused") is True,
     )
     pause_file = srv.storage.parent.parent / PAUSE_FILE
-    out["pause"] = json.loads(pause_file.read_text()) if pause_file.is_file() else paused
+    out["pause"] = json.loads(pause_file.read_text()) if pause_file.is_file() else {}
     watch = LogWatch(srv.log)
     with ThreadPoolExecutor(requests) as pool:
         futures = [pool.submit(_crowd_client, srv, watch, *a) for a in plan]
         if out["paused"]:
             for f, (*_, leaves) in zip(futures, plan, strict=True):
                 if leaves:
-                    f.result()  # every leaver has left before the holders do
-        for h in holds:
-            h.leave()
-        left = [h.request_id for h in holds]
-        left += [f"storm-{i}" for i, _, leaves in plan if leaves]
-        seen, out["all_aborted"] = wait_for(
-            lambda: aborted_ids(srv.log), lambda ids: set(left) <= ids or watch.dead
-        )
-        out["not_aborted"] = sorted(set(left) - seen)
+                    f.result()  # every leaver has left before the holder does
+        hold.leave()
+        left = [hold.request_id] + [f"storm-{i}" for i, _, leaves in plan if leaves]
+        _, out["all_aborted"] = wait_for(watch.read, lambda w: set(left) <= w.aborted or w.dead)
+        out["not_aborted"] = sorted(set(left) - watch.aborted)
         out["resume_status"] = _post(srv, "/resume")
         clients = [f.result() for f in futures]
     out["seconds"] = round(time.monotonic() - t0, 1)
@@ -363,8 +349,7 @@ def run_storm(srv: server.Server, where: Path, *, requests: int, leave_share: fl
         out["kv_cache_usage"], out["kv_cache_freed"] = wait_for(
             lambda: srv.metric("vllm:kv_cache_usage_perc"), lambda v: v == 0.0
         )
-        out["engine_aborts"] = len(seen)
-        out["engine_finished"] = srv.metric("vllm:request_success_total")
+        out["engine_aborts"] = len(watch.read().aborted)
     out["files"] = files
     out["files_verified"] = len(files)
     return out

@@ -35,6 +35,7 @@ prune (or build) empties ``trash/``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -47,7 +48,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay import util
-from vllm_overlay.errors import UsageError
+from vllm_overlay.envs import clientenv, enginenv, envbuild, testenv
+from vllm_overlay.errors import OverlayError, UsageError
+from vllm_overlay.pin.artifacts import lock_path as artifact_lock
+from vllm_overlay.pin.lockfile import read_lock
+from vllm_overlay.pin.trees import lock_path as tree_lock
+from vllm_overlay.pin.trees import tree_key
 
 MAX_SIZE_ENV = "VLLM_OVERLAY_CACHE_MAX_SIZE"
 TRASH = "trash"
@@ -179,9 +185,6 @@ def on_disk_of(entries: Iterable[Entry]) -> int:
 
 def _project_pins() -> tuple[set[str], set[str]] | None:
     """(sha256s, commits) the project's upstream.lock pins; None outside a project."""
-    from vllm_overlay.errors import OverlayError
-    from vllm_overlay.pin.lockfile import read_lock
-
     try:
         lock = read_lock(util.project_root() / "upstream.lock")
     except (OverlayError, OSError):
@@ -189,9 +192,7 @@ def _project_pins() -> tuple[set[str], set[str]] | None:
     return {a.sha256 for a in lock.artifacts}, {lock.upstream.commit}
 
 
-def _env_entry(path: Path) -> Entry | None:
-    from vllm_overlay.envs import clientenv, enginenv, envbuild, testenv
-
+def _env_entry(path: Path) -> Entry:
     lock = envbuild.lock_path(path.name.split(".", 1)[0])
     if "." in path.name:  # <hash>.build-*, <hash>.old: a build in progress or killed
         return Entry("test-env", path, lock, unused=True, why="an unfinished build")
@@ -203,19 +204,15 @@ def _env_entry(path: Path) -> Entry | None:
     if marker is None or not isinstance(recipe, dict):
         return Entry("test-env", path, lock, unused=True, why="incomplete (no marker)")
     if "wheel" in recipe:
-        kind, fmt = "engine-env", enginenv.FORMAT
-        slot = marker.get("slot") or " ".join(
-            ("engine-env", recipe.get("distribution", "?"), recipe.get("version", "?"))
-        )
-        what = f"{recipe['wheel']}"
+        kind, fmt, what = "engine-env", enginenv.FORMAT, recipe["wheel"]
     elif "requirement" in recipe:
-        kind, fmt = "client-env", clientenv.FORMAT
-        slot = marker.get("slot") or f"client-env {recipe['requirement'].split('==')[0]}"
-        what = recipe["requirement"]
+        kind, fmt, what = "client-env", clientenv.FORMAT, recipe["requirement"]
     else:
         kind, fmt = "test-env", testenv.FORMAT
-        slot = marker.get("slot") or f"test-env {recipe.get('upstream') or path.name}"
         what = recipe.get("upstream") or "a tree without a release"
+    # The slot is the builder's (envbuild.ensure writes it); an environment built before
+    # slots gets its own on its next use, and until then only age and size prune it.
+    slot = marker.get("slot", "")
     entry = Entry(kind, path, lock, slot=slot, why=what)
     if recipe.get("format") != fmt:
         entry.unused, entry.why = True, f"{what}: built by an older format"
@@ -244,22 +241,16 @@ def inventory(kinds: Iterable[str] = KINDS, *, sizes: bool = True) -> Entries:
     root = util.cache_dir()
     entries = Entries()
     if "artifacts" in kinds:
-        entries += _glob_entries(
-            "artifacts", "artifacts/sha256/*", lambda p: root / "locks" / f"{p.name}.lock"
-        )
+        entries += _glob_entries("artifacts", "artifacts/sha256/*", lambda p: artifact_lock(p.name))
     if "trees" in kinds:
-        entries += _glob_entries(
-            "trees",
-            "trees/*.git",
-            lambda p: root / "locks" / f"tree-{p.name.split('-', 1)[-1][: -len('.git')]}.lock",
-        )
+        entries += _glob_entries("trees", "trees/*.git", lambda p: tree_lock(tree_key(p)))
     if kinds & set(ENV_KINDS):
         envs = root / "testenv"
         for p in sorted(envs.iterdir()) if envs.is_dir() else ():
             if p.name == "locks":
                 continue
             e = _env_entry(p)
-            if e is not None and e.kind in kinds:
+            if e.kind in kinds:
                 entries.append(e)
     if "models" in kinds:
         entries += _glob_entries(
@@ -290,19 +281,17 @@ def _mark_unused(entries: list[Entry]) -> None:
             if e.kind == "artifacts" and e.path.name not in shas:
                 e.unused, e.why = True, "not pinned by upstream.lock"
             elif e.kind == "trees":
-                key = e.path.name.split("-", 1)[-1][: -len(".git")]
+                key = tree_key(e.path)
                 if key not in shas and key not in commits:
                     e.unused, e.why = True, "not pinned by upstream.lock"
-    newest: dict[str, Entry] = {}
+    newest: dict[str, tuple[float, Entry]] = {}  # slot -> the newest build of it
     for e in entries:
         if e.kind in ENV_KINDS and e.slot and not e.unused:
-            mark = e.path / "testenv.json"
-            e_time = mark.stat().st_mtime if mark.exists() else 0.0
-            best = newest.get(e.slot)
-            if best is None or e_time > (best.path / "testenv.json").stat().st_mtime:
-                newest[e.slot] = e
+            built = (e.path / envbuild.MARKER).stat().st_mtime
+            if e.slot not in newest or built > newest[e.slot][0]:
+                newest[e.slot] = (built, e)
     for e in entries:
-        if e.kind in ENV_KINDS and e.slot and not e.unused and newest.get(e.slot) is not e:
+        if e.kind in ENV_KINDS and e.slot and not e.unused and newest[e.slot][1] is not e:
             e.unused, e.why = True, f"superseded in its slot ({e.slot})"
 
 
@@ -337,16 +326,8 @@ def remove(entry: Entry) -> bool:
     return True
 
 
-class _NoLock:
-    def __enter__(self) -> bool:
-        return True
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def _locked(lock: Path | None):
-    return util.lock_if_free(lock) if lock is not None else _NoLock()
+    return util.lock_if_free(lock) if lock is not None else contextlib.nullcontext(True)
 
 
 # -- prune ----------------------------------------------------------------------------------
@@ -402,27 +383,26 @@ def prune(
     keep: Iterable[Path] = (),
     progress: Callable[[str], None] | None = None,
 ) -> PruneResult:
-    """Remove what the rules pick (``choose``); with ``dry_run`` only say what (for
-    ``max_total`` an estimate: files linked from several entries are freed only with the
-    last of them). An entry in use is passed by; ``max_total`` then takes the next least
-    recently used, measuring the cache again after each removal."""
-    kinds = tuple(kinds)
+    """Remove what the rules pick (``choose``); with ``dry_run`` only say what. An entry in
+    use is passed by; ``max_total`` then takes the next least recently used. The cache is
+    walked once: what each removal frees is known from the entries' inodes."""
     keep = [Path(k) for k in keep]
     if not dry_run:
         empty_trash()
     entries = inventory(kinds)
     res = PruneResult(total_before=entries.on_disk)
-    by_rule = choose(entries, older_than=older_than, unused=unused, keep=keep)
     if dry_run:
         res.chosen = choose(entries, older_than=older_than, max_total=max_total, unused=unused,
                             keep=keep)  # fmt: skip
         res.total_after = on_disk_of(e for e in entries if e not in res.chosen)
         return res
+    rest = list(entries)  # what stays on disk
 
     def take(e: Entry) -> None:
         res.chosen.append(e)
         if remove(e):
             res.removed.append(e)
+            rest.remove(e)
             if progress:
                 progress(f"removed {e.kind} {e.path.name} ({format_size(e.size)}, {e.why})")
         else:
@@ -430,17 +410,15 @@ def prune(
             if progress:
                 progress(f"kept {e.kind} {e.path}: in use by another process")
 
-    for e in by_rule:
+    for e in choose(entries, older_than=older_than, unused=unused, keep=keep):
         take(e)
-    now = inventory(kinds)
-    while max_total is not None and now.on_disk > max_total:
-        passed = keep + [e.path for e in res.chosen]
-        pick = choose(now, max_total=max_total, keep=passed)
+    while max_total is not None and on_disk_of(rest) > max_total:
+        tried = keep + [e.path for e in res.chosen]
+        pick = choose(rest, max_total=max_total, keep=tried)
         if not pick:
             break  # what is left is kept, in use, or already tried
         take(pick[0])
-        now = inventory(kinds)
-    res.total_after = now.on_disk
+    res.total_after = on_disk_of(rest)
     return res
 
 

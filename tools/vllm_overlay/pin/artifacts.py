@@ -30,6 +30,12 @@ def cached_path(a: Artifact, root: Path | None = None) -> Path:
     return (root or cache_dir()) / "artifacts" / "sha256" / a.sha256 / a.filename
 
 
+def lock_path(sha256: str) -> Path:
+    """The lock of the cache entry ``artifacts/sha256/<sha256>``: its downloader takes it
+    exclusively, every process using it shares it (``util.hold``)."""
+    return cache_dir() / "locks" / f"{sha256}.lock"
+
+
 def verify_file(path: Path, a: Artifact) -> None:
     """Raise IntegrityError unless ``path`` has the pinned size and sha256."""
     size = path.stat().st_size
@@ -123,7 +129,7 @@ def ensure_artifact(
     """
     root = cache_dir()
     dest = cached_path(a, root)
-    lock = root / "locks" / f"{a.sha256}.lock"
+    lock = lock_path(a.sha256)
     what = f"the cache entry for {a.filename}"
     if dest.is_file():
         hold(lock, what)  # in use by this process: a prune passes it by

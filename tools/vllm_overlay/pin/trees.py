@@ -64,6 +64,17 @@ def _publish_repo(tmp: Path, final: Path) -> None:
             raise
 
 
+def lock_path(key: str) -> Path:
+    """The lock of the tree ``trees/sdist-<key>.git`` or ``trees/git-<key>.git`` (the sdist's
+    sha256, or the commit): its builder takes it exclusively, users share it."""
+    return cache_dir() / "locks" / f"tree-{key}.lock"
+
+
+def tree_key(repo: Path) -> str:
+    """The key of a tree in the cache, from its directory's name."""
+    return repo.name.split("-", 1)[-1].removesuffix(".git")
+
+
 def _cached(final: Path, tree_lock: Path, what: str) -> str | None:
     """The base commit of the complete tree ``final``, held in use by this process (a prune
     passes it by); None where it is absent or incomplete."""
@@ -89,7 +100,7 @@ def sdist_repo(lock: Lock, *, index_url: str | None = None) -> tuple[Path, str]:
     art = lock.sdist()
     root = cache_dir() / "trees"
     final = root / f"sdist-{art.sha256}.git"
-    tree_lock = cache_dir() / "locks" / f"tree-{art.sha256}.lock"
+    tree_lock = lock_path(art.sha256)
     what = f"the tree of {art.filename}"
     if base := _cached(final, tree_lock, what):
         return final, base
@@ -131,7 +142,7 @@ def git_repo(lock: Lock, *, git_url: str | None = None) -> tuple[Path, str]:
         )
     root = cache_dir() / "trees"
     final = root / f"git-{commit}.git"
-    tree_lock = cache_dir() / "locks" / f"tree-{commit}.lock"
+    tree_lock = lock_path(commit)
     if base := _cached(final, tree_lock, f"the tree of {commit}"):
         return final, base
     root.mkdir(parents=True, exist_ok=True)
