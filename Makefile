@@ -116,8 +116,9 @@ OUTLOOK_ARGS ?=
 outlook: $(STAMP)
 	$(VO) outlook $(OUTLOOK_ARGS)
 
-# What the daily workflow runs (.github/workflows/track-upstream.yml): exit 0 up to date or
-# ready for review, 1 needs a person; the report goes to $(TRACK_REPORT_DIR).
+# What the daily workflow runs (.github/workflows/track-upstream.yml): vllm-overlay exits 0 up
+# to date or ready for review, 1 needs a person (make itself exits 2 on any failure); the
+# report goes to $(TRACK_REPORT_DIR).
 track: $(STAMP)
 	$(VO) track $(if $(TO),--to $(TO)) $(if $(SUITE),--suite) --report-dir $(TRACK_REPORT_DIR)
 

@@ -14,8 +14,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import CID, tree_snapshot
-from synthetic import CONNECTOR, EXTRACT, release_files
+from conftest import CID, pinned_project, tree_snapshot
+from synthetic import CONNECTOR, EXTRACT, make_upstream, release_files
 from vllm_overlay.overlay.importing import web_url
 
 AUTHOR = "Ada Lovelace <ada@example.invalid>"
@@ -53,6 +53,10 @@ BASIC_CACHE = (
     "    for value, slot in zip(to_cache, slot_mapping):\n"
     "        if slot < 0:  # padding \u2014 never a real slot\n            continue\n",
 )
+
+
+LAYOUT_TEST = "tests/v1/kv_connector/unit/test_layout.py"
+LAYOUT_EDIT = ("        block_size = 4\n", "        block_size = 8\n")
 
 
 def imp(cli, project, *args: str, checkout: Path | None = None):
@@ -102,6 +106,7 @@ def test_import_format_patch_fills_title_origin_authors(project, cli, canonical,
     assert new["origin"] == f"{web_url(lock_git)}/pull/4242"
     assert new["authors"] == [AUTHOR] and new["why"].strip() == "Padding slots are -1."
     assert new["files"] == [EXTRACT] and new["drop_when"] == "vllm>=1.3.0"
+    assert "upstream_tests" not in new  # the pull request changes no test
     assert overlay_toml(project)["revision"] == 2
     patch = project.change_file(EXTRACT + ".patch", cid).read_text()
     assert "+        if slot < 0:  # padding \u2014 never a real slot" in patch  # 8-bit mail body
@@ -162,12 +167,59 @@ def test_from_release_clean(project, cli, canonical, tmp_path):
     new = overlay_toml(project)["change"][-1]
     assert new["id"] == "docs-110" and new["drop_when"] == "vllm>=1.1.0"
     assert new["origin"].endswith("/compare/v1.0.0...v1.1.0")
+    assert "upstream_tests" not in new  # the release diff of its paths changes no test
     text = (canonical / CONNECTOR).read_text()
     assert "Now with more docs." in text and "group_block_size" in text
     patch = project.change_file(CONNECTOR + ".patch", "docs-110").read_text()
     assert "+Now with more docs." in patch and "-        self._block_size" not in patch
     fresh = assert_strict_apply(cli, project, tmp_path)
     assert (fresh / CONNECTOR).read_text() == text
+
+
+def test_from_release_names_the_tests_the_release_diff_adds_or_changes(cli, tmp_path):
+    """upstream_tests of a release import: the test files that differ between the pin and the
+    release under --paths (changed or added), not the unchanged ones nor other files."""
+    new_test = "tests/v1/kv_connector/unit/test_docs.py"
+    helper = "tests/v1/kv_connector/unit/utils.py"
+    v110 = {
+        **release_files("1.1.0"),
+        LAYOUT_TEST: release_files("1.1.0")[LAYOUT_TEST].replace(*LAYOUT_EDIT),
+        new_test: "def test_docs():\n    pass\n",
+        helper: "HELPER = 1\n",  # a changed test helper is no test to run
+    }
+    trees = {"1.0.0": release_files("1.0.0"), "1.1.0": v110}
+    up = make_upstream(tmp_path / "synthetic", trees=trees)
+    with pinned_project(up, tmp_path / "project") as project:
+        co = tmp_path / "co"
+        res = cli("apply", "--checkout", co, "--index-url", project.index.url, cwd=project.root)
+        assert res.rc == 0, res.err
+        assert cli("export", "--checkout", co, cwd=project.root).rc == 0  # as `canonical`
+        assert cli("apply", "--checkout", co, cwd=project.root).rc == 0
+        unit = "tests/v1/kv_connector/unit"
+        res = imp(cli, project, "--from-release", "1.1.0", "--paths", CONNECTOR, unit,
+                  "--id", "docs-110", checkout=co)  # fmt: skip
+        assert res.rc == 0, res.err
+        new = overlay_toml(project)["change"][-1]
+        assert new["upstream_tests"] == [new_test, LAYOUT_TEST]  # in the diff's order
+        assert sorted(new["files"]) == sorted([CONNECTOR, new_test, LAYOUT_TEST, helper])
+        assert f"{unit}/__init__.py" not in new["files"]  # the same in the pin and 1.1.0
+        assert_strict_apply(cli, project, tmp_path)
+        # a path outside tests/ given to --upstream-tests is refused up front
+        res = imp(cli, project, "--from-release", "1.1.0", "--paths", EXTRACT, "--id", "x",
+                  "--upstream-tests", "vllm/a.py", checkout=co)  # fmt: skip
+        assert res.rc == 1 and "expected an upstream test under tests/" in res.err
+
+
+def test_upstream_tests_option_overrides_the_default(project, cli, canonical, tmp_path):
+    edits = {EXTRACT: BASIC_CACHE, LAYOUT_TEST: LAYOUT_EDIT}
+    text = upstream_patch(project.upstream, tmp_path, edits, "Skip padding (#322)")
+    pfile = tmp_path / "322.patch"
+    pfile.write_text(text)
+    node = f"{LAYOUT_TEST}::test_layout"
+    res = imp(cli, project, "--patch", pfile, "--drop-when", "vllm>=2", "--upstream-tests", node,
+              checkout=canonical)  # fmt: skip
+    assert res.rc == 0, res.err
+    assert overlay_toml(project)["change"][-1]["upstream_tests"] == [node]
 
 
 def test_from_release_conflict_stops_with_markers_then_continue(project, cli, canonical, tmp_path):
@@ -237,6 +289,7 @@ def test_new_file_gets_a_base_entry_and_is_stored_whole(project, cli, canonical,
     assert res.rc == 0, res.err
     new = overlay_toml(project)["change"][-1]
     assert sorted(new["files"]) == sorted([EXTRACT, newtest]) and new["tests"] == [newtest]
+    assert new["upstream_tests"] == [newtest]  # upstream's test of the fix, as upstream names it
     assert project.change_file(newtest, "padding").read_text() == "def test_padding():\n    pass\n"
     assert tomllib.loads(project.lock.read_text())["base"][newtest] == "absent"
     assert_strict_apply(cli, project, tmp_path)
@@ -309,7 +362,8 @@ def test_pr_with_the_host_unreachable(project, cli, tmp_path):
 
 
 def test_pr_fetches_the_pull_requests_patch(project, cli, canonical, tmp_path):
-    text = upstream_patch(project.upstream, tmp_path, {EXTRACT: BASIC_CACHE}, "Skip padding (#321)")
+    edits = {EXTRACT: BASIC_CACHE, LAYOUT_TEST: LAYOUT_EDIT}
+    text = upstream_patch(project.upstream, tmp_path, edits, "Skip padding (#321)")
     seen = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -337,3 +391,9 @@ def test_pr_fetches_the_pull_requests_patch(project, cli, canonical, tmp_path):
     new = overlay_toml(project)["change"][-1]
     assert new["id"] == "skip-padding" and new["origin"] == f"{url[:-4]}/pull/321"
     assert release_files("1.0.0")[EXTRACT] != (canonical / EXTRACT).read_text()
+    # the test file the pull request changes: imported with it, and named as upstream's test
+    assert sorted(new["files"]) == sorted([EXTRACT, LAYOUT_TEST]) and new["tests"] == [LAYOUT_TEST]
+    assert new["upstream_tests"] == [LAYOUT_TEST]
+    st = json.loads(cli("status", "--json", "--checkout", canonical, cwd=project.root).out)
+    assert st["changes"][-1]["upstream_tests"] == [LAYOUT_TEST]
+    assert st["changes"][0]["upstream_tests"] == []

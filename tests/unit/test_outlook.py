@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import tree_snapshot
 from synthetic import CONNECTOR
-from vllm_overlay.track import classify, sdist
+from vllm_overlay.rebase import decide, sdist, walk
 
 
 def _outlook(cli, project, *args):
@@ -45,7 +45,10 @@ def test_terminal_matrix_legend_and_safe_target(cli, project):
     row = next(ln for ln in lines if ln.startswith("group-block-size"))
     assert row.split() == ["group-block-size", "refresh", "CONFLICT"]
     assert "legend:" in lines
-    assert "safe target: vllm 1.1.0 (the newest release every change reaches cleanly)" in res.out
+    assert ("safe target: vllm 1.1.0 (the newest release the walk reaches without asking a "
+            "person)") in res.out  # fmt: skip
+    # per target, the stops of the walk and of the direct jump
+    assert any(ln.split()[:4] == ["1.2.0", "1", "|", "1"] for ln in lines), res.out
     assert "\x1b[" not in res.out  # not a terminal: no colour
 
 
@@ -76,7 +79,7 @@ def test_results_are_cached_per_series_and_release(cli, project):
     assert states == ["refreshed", "dropped"]
 
 
-def test_tests_run_on_patched_and_pristine_trees(cli, project, tmp_path):
+def test_tests_run_the_proofs_the_rebase_would_run(cli, project, tmp_path):
     toml = project.overlay / "overlay.toml"
     toml.write_text(toml.read_text().replace("vllm>=1.3.0", "vllm>=1.2.0"))
     import sys
@@ -84,12 +87,12 @@ def test_tests_run_on_patched_and_pristine_trees(cli, project, tmp_path):
     res = _outlook(cli, project, "--tests", "--test-python", sys.executable, "--json")
     assert res.rc == 0, res.err
     data = json.loads(res.out)
-    t11 = data["releases"][0]["tests"]["group-block-size"]
-    assert t11["ran"] and t11["ok"] and t11["on"] == "the patched tree", t11
+    assert data["releases"][0]["tests"] is None  # refreshed on 1.1.0: nothing to prove
     t12 = data["releases"][1]["tests"]["group-block-size"]
     # Dropped on 1.2.0 by drop_when, but 1.2.0 lacks the fix: the proof fails.
     assert t12["on"].startswith("the pristine tree") and t12["ran"] and not t12["ok"]
     assert "1 failed" in t12["counts"]
+    assert data["releases"][1]["outcomes"][0]["state"] == "tests-failed"
     assert data["safe_target"] == "1.1.0"
 
 
@@ -108,22 +111,19 @@ def test_sdist_scan_matches_tarfile(upstream):
     assert got.files == {CONNECTOR: want, "missing.py": None}
 
 
-def test_classifier_finds_renames_and_collisions():
+def test_classifier_finds_renames_and_collisions(tmp_path):
     from vllm_overlay.overlay.model import Change
 
     old = b"".join(b"line %d\n" % i for i in range(30))
     ours = old.replace(b"line 3\n", b"line 3 ours\n")
     change = Change("c", "t", "w", "https://x", "s", "vllm>=9", ("a/f.py", "t/new.py"), ())
-    step = classify.Step(change, {"a/f.py": old, "t/new.py": None},
-                         {"a/f.py": ours, "t/new.py": b"ours\n"})  # fmt: skip
+    step = decide.Step(change, {"a/f.py": old, "t/new.py": None},
+                       {"a/f.py": ours, "t/new.py": b"ours\n"})  # fmt: skip
     moved_to = old.replace(b"line 29\n", b"line 29 upstream\n")
-    outs = classify.classify_release(
-        [step], name="vllm", old_version="1.0", version="2.0",
-        new_files={"a/f.py": None, "t/new.py": b"theirs\n"},
-        old_names=frozenset({"a/f.py"}), new_names=frozenset({"b/g.py", "t/new.py"}),
-        read_new=lambda paths: {"b/g.py": moved_to},
-    )  # fmt: skip
-    o = outs[0]
+    rel = decide.Release("vllm", "2.0", frozenset({"b/g.py", "t/new.py"}),
+                         lambda paths: {"b/g.py": moved_to})  # fmt: skip
+    o = decide.decide(step, decide.Scratch(tmp_path), {"a/f.py": None, "t/new.py": b"theirs\n"},
+                      rel, frozenset({"a/f.py"}), ("vllm 2.0", "vllm 1.0", "our change"))  # fmt: skip
     assert o.state == "moved"
     assert o.candidates["a/f.py"][0][0] == "b/g.py"
     assert "renamed it" in o.reason and "collision" not in o.reason.split(";")[0]
@@ -216,9 +216,28 @@ def test_index_down(cli, project):
     assert "Traceback" not in res.err
 
 
-def test_classifier_takes_the_series_in_order_on_one_file():
+class _Host:
+    """Releases as dicts of files: the walk on blobs, without sdists or proofs."""
+
+    def __init__(self, releases: dict[str, dict[str, bytes]]) -> None:
+        self.releases = releases
+
+    def files(self, version, paths):
+        return {p: self.releases[version].get(p) for p in paths}
+
+    def names(self, version):
+        return frozenset(self.releases[version])
+
+    def prove_drop(self, version, change, ours):
+        return None
+
+    def prove_carried(self, version, change, files):
+        return None
+
+
+def test_the_walk_takes_the_series_in_order_on_one_file():
     """Two changes on one file: the second merges onto what the first left on the release;
-    after a stop, a later change on the same file says it assumes upstream's file."""
+    after a stop nobody settles (the outlook), the walk goes on and tries it again."""
     from vllm_overlay.overlay.model import Change
 
     def ch(cid):
@@ -227,18 +246,25 @@ def test_classifier_takes_the_series_in_order_on_one_file():
     old = b"".join(b"line %d\n" % i for i in range(40))
     one = old.replace(b"line 5\n", b"line 5 first\n")
     two = one.replace(b"line 30\n", b"line 30 second\n")
-    steps = [classify.Step(ch("a"), {"f.py": old}, {"f.py": one}),
-             classify.Step(ch("b"), {"f.py": one}, {"f.py": two})]  # fmt: skip
-    kw = dict(name="vllm", old_version="1.0", old_names=frozenset({"f.py"}),
-              new_names=frozenset({"f.py"}), read_new=lambda p: {})  # fmt: skip
+    steps = [decide.Step(ch("a"), {"f.py": old}, {"f.py": one}),
+             decide.Step(ch("b"), {"f.py": one}, {"f.py": two})]  # fmt: skip
     shifted = b"new top\n" + old  # upstream adds a line: both patches need new context
-    outs = classify.classify_release(steps, version="2.0", new_files={"f.py": shifted}, **kw)
-    assert [o.state for o in outs] == ["refreshed", "refreshed"]
-    rewritten = old.replace(b"line 5\n", b"line 5 upstream\n")  # the first change conflicts
-    outs = classify.classify_release(steps, version="3.0", new_files={"f.py": rewritten}, **kw)
-    assert outs[0].state == "conflict" and "line 5 upstream" in outs[0].hunks["f.py"]
-    assert outs[1].notes == [
-        "assumes upstream's file where a stopped (its resolution may change this)"
-    ]
-    unchanged = classify.classify_release(steps, version="4.0", new_files={"f.py": old}, **kw)
-    assert [o.state for o in unchanged] == ["kept", "kept"]
+    rewritten = shifted.replace(b"line 5\n", b"line 5 upstream\n")  # the first conflicts
+    host = _Host({"1.0": {"f.py": old}, "2.0": {"f.py": shifted}, "3.0": {"f.py": rewritten},
+                  "4.0": {"f.py": shifted}})  # fmt: skip
+    blobs = walk.Blobs()
+    w = walk.start("vllm", "1.0", ["2.0", "3.0", "4.0"], steps, blobs)
+    changes = {s.change.id: s.change for s in steps}
+    walk.Walker(w, blobs, host, changes, {}, stop_at_conflicts=False).run()
+    got = {(c["release"], c["id"]): c["state"] for c in w.cells}
+    assert got == {
+        ("2.0", "a"): "refreshed", ("2.0", "b"): "refreshed",
+        ("3.0", "a"): "waiting", ("3.0", "b"): "kept",  # 4.0 clears a: not asked at 3.0
+        ("4.0", "a"): "kept", ("4.0", "b"): "kept",
+    }  # fmt: skip
+    assert walk.person_stops(w) == []
+    w = walk.start("vllm", "1.0", ["2.0", "3.0"], steps, blobs)  # nothing clears it by 3.0
+    walk.Walker(w, blobs, host, changes, {}, stop_at_conflicts=False).run()
+    assert walk.person_stops(w) == [{"release": "3.0", "id": "a", "kind": "conflict"}]
+    [cell] = [c for c in w.cells if c["release"] == "3.0" and c["id"] == "a"]
+    assert "line 5 upstream" in cell["hunks"]["f.py"]

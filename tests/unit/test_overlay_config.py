@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from vllm_overlay.errors import OverlayConfigError, UnsafePathError
+from vllm_overlay.overlay import history
 from vllm_overlay.overlay.model import load_overlay, overlay_digest, parse_overlay
 
 GOOD = """\
@@ -160,3 +161,81 @@ def test_our_own_change_without_a_drop_condition_is_refused():
 def test_a_backport_without_drop_when_is_refused():
     with pytest.raises(OverlayConfigError, match=r"missing key\(s\) \['drop_when'\]"):
         parse(GOOD.replace('drop_when = "vllm>=0.25.0"\n', ""))
+
+
+# ---- upstream_tests: a backport's tests as upstream names them ----------------------------
+
+UPSTREAM_TESTS = (
+    'upstream_tests = ["tests/v1/core/test_kv_cache_utils.py::test_hidden_group", '
+    '"tests/v1/unit/test_new.py"]\n'
+)
+
+
+def test_upstream_tests_are_optional_and_parsed():
+    (c,) = parse(GOOD).changes
+    assert c.upstream_tests == ()
+    (c,) = parse(GOOD + UPSTREAM_TESTS).changes
+    assert c.upstream_tests == (
+        "tests/v1/core/test_kv_cache_utils.py::test_hidden_group",
+        "tests/v1/unit/test_new.py",
+    )
+    assert c.tests == ("tests/test_a.py::test_x",)  # our own tests stay apart
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ('"tests/test_a.py"', OverlayConfigError, "`upstream_tests`: expected a list of strings"),
+        ("[1]", OverlayConfigError, "`upstream_tests`: expected a list of strings"),
+        ('["vllm/a.py"]', OverlayConfigError, "expected an upstream test under tests/"),
+        ('["test_a.py::test_x"]', OverlayConfigError, "expected an upstream test under tests/"),
+        ('["tests/../vllm/a.py"]', UnsafePathError, "escapes or is not normalised"),
+        ('["/tests/test_a.py"]', UnsafePathError, "is absolute"),
+    ],
+)
+def test_bad_upstream_tests_point_at_the_key(value, error, message):
+    with pytest.raises(error) as e:
+        parse(GOOD + f"upstream_tests = {value}\n")
+    assert message in str(e.value) and "change 'fix-one': `upstream_tests`" in str(e.value)
+
+
+def test_dropped_history_may_keep_upstream_tests():
+    dropped = '\n[[dropped]]\nid = "old"\ndropped_in = "0.25.0"\nreason = "merged"\n'
+    ov = parse(GOOD + dropped + 'upstream_tests = ["tests/test_old.py"]\n')
+    assert ov.history[0]["upstream_tests"] == ["tests/test_old.py"]
+    with pytest.raises(UnsafePathError, match=r"\[\[dropped\]\] #1: `upstream_tests`"):
+        parse(GOOD + dropped + 'upstream_tests = ["../x.py"]\n')
+
+
+def test_rewrite_keeps_a_kept_changes_upstream_tests_and_the_dropped_record_carries_them():
+    second = GOOD.split("\n\n", 1)[1].replace("fix-one", "fix-two") + UPSTREAM_TESTS
+    text = GOOD + UPSTREAM_TESTS + "\n" + second
+    rec = history.DroppedRecord(
+        "fix-one", "One", "https://x", "0.25.0", "drop_when holds", "tests passed",
+        upstream_tests=parse(text).changes[0].upstream_tests,
+    )  # fmt: skip
+    out = history.rewrite(
+        text, dropped=[rec], tests={"fix-two": ["tests/test_b.py"]}, bump_revision=True
+    )
+    assert UPSTREAM_TESTS in out  # the kept change's line, as it was written
+    ov = parse(out)
+    (kept,) = ov.changes
+    assert kept.id == "fix-two" and kept.tests == ("tests/test_b.py",)
+    assert kept.upstream_tests == parse(text).changes[1].upstream_tests
+    assert ov.history[0]["upstream_tests"] == list(rec.upstream_tests)
+    # without upstream tests the record has no such key
+    bare = history.DroppedRecord("fix-two", "Two", "https://x", "0.26.0", "merged", "proof")
+    assert "upstream_tests" not in parse(history.rewrite(out, dropped=[bare])).history[1]
+
+
+def test_add_change_writes_upstream_tests_after_tests():
+    fields = {
+        "id": "fix-two", "title": "Two", "why": "because", "origin": "https://x/pull/2",
+        "upstream_status": "merged", "drop_when": "vllm>=0.26.0", "files": ["vllm/a.py"],
+        "tests": [], "upstream_tests": ["tests/v1/test_two.py"],
+    }  # fmt: skip
+    out = history.add_change(GOOD, fields)
+    assert 'tests = []\nupstream_tests = ["tests/v1/test_two.py"]\n' in out
+    assert parse(out).changes[1].upstream_tests == ("tests/v1/test_two.py",)
+    out = history.add_change(GOOD, {**fields, "upstream_tests": []})
+    assert "upstream_tests" not in out  # none: the key is left out

@@ -103,8 +103,11 @@ def rebase(p: Proj, *args: str):
 
 
 def rebase_to(p: Proj, version: str, *extra: str):
+    """A direct jump: each release here is its own scenario on top of 1.0.0, not a history
+    (the walk through a history: test_walk.py)."""
     commit = p.upstream.releases[version].commit
-    return rebase(p, "--to", version, "--commit", commit, "--index-url", p.index.url, *extra)
+    return rebase(p, "--to", version, "--commit", commit, "--index-url", p.index.url,
+                  "--direct", *extra)  # fmt: skip
 
 
 def as_json(res) -> dict:
@@ -263,7 +266,7 @@ def test_upstream_edits_elsewhere_in_a_touched_file_survive(proj: Proj, tmp_path
     commit = proj.upstream.releases["1.0.5"].commit
     res = rebase(
         proj, "--to", commit, "--git-url", proj.upstream.repo, "--index-url", proj.index.url,
-        "--json",
+        "--json", "--direct",
     )  # fmt: skip
     assert res.rc == 0, res.err
     rep = as_json(res)
@@ -294,7 +297,7 @@ def test_conflict_stops_with_markers_then_continue(proj: Proj, tmp_path: Path):
     assert project_snapshot(proj) == before  # nothing written until every change is settled
     co_file = checkout(proj) / CONNECTOR
     text = co_file.read_text()
-    assert "<<<<<<< HEAD\n" in text and "\n|||||||" in text and "\n>>>>>>> " in text
+    assert "<<<<<<< vllm 1.2.0\n" in text and "\n|||||||" in text and "\n>>>>>>> " in text
     assert "int(cache_config.block_size)  # upstream rewrote this" in text  # theirs
     assert "group_block_size" in text  # ours
     assert "Now with more docs" in text  # upstream's other edits stay
@@ -404,17 +407,18 @@ def test_equivalent_fix_with_drop_when_and_our_tests_passing(proj: Proj):
 
 def test_equivalent_fix_with_our_tests_failing_stops(proj: Proj):
     before = project_snapshot(proj)
-    res = rebase(proj, "--to", "latest", "--commit", proj.upstream.releases["1.4.0"].commit,
+    res = rebase(proj, "--to", "latest", "--direct", "--commit",
+                 proj.upstream.releases["1.4.0"].commit,
                  "--index-url", proj.index.url)  # fmt: skip
     assert res.rc == 1
     assert (
         res.out.splitlines()[0]
-        == f"rebase vllm 1.0.0 -> 1.4.0: STOPPED at change {CID} (tests-failed)"
+        == f"rebase vllm 1.0.0 -> 1.4.0: STOPPED at change {CID} on vllm 1.4.0 (tests-failed)"
     )
     assert "upstream's version does not do what ours did" in res.out
     assert "1 failed" in res.out
     assert project_snapshot(proj) == before
-    log = next((proj.root / ".work" / "rebase" / "tests" / CID).glob("pytest.log"))
+    log = next((proj.root / ".work" / "rebase" / "tests" / "1.4.0" / CID).glob("*/pytest.log"))
     assert "assert 528 == 22" in log.read_text()
     res = rebase(proj, "--continue")  # runs the tests again: still failing
     assert res.rc == 1 and "tests-failed" in res.out
@@ -514,7 +518,8 @@ def test_killed_rebase_resumes_in_a_new_process(proj: Proj, tmp_path: Path):
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     commit = proj.upstream.releases["1.3.0"].commit
     out = _subprocess_cli(
-        proj, "rebase", "--to", "1.3.0", "--commit", commit, "--index-url", proj.index.url,
+        proj, "rebase", "--to", "1.3.0", "--direct", "--commit", commit, "--index-url",
+        proj.index.url,
         "--test-python", str(fake),
     )  # fmt: skip
     assert out.returncode == -9 and marker.exists()
@@ -584,7 +589,7 @@ def test_unknown_commit_is_pinned_unverified_and_verified_later(proj: Proj, tmp_
     """The remote (GitHub in the lock) is unreachable and no --commit is given: the rebase
     completes, pinning the release by its sdist with the abbreviated commit marked unverified;
     `lock --commit` verifies it later, and a wrong full commit is refused."""
-    res = rebase(proj, "--to", "1.1.0", "--index-url", proj.index.url, "--json")
+    res = rebase(proj, "--to", "1.1.0", "--direct", "--index-url", proj.index.url, "--json")
     assert res.rc == 0, res.err
     rep = as_json(res)
     full = proj.upstream.releases["1.1.0"].commit
@@ -640,7 +645,7 @@ def test_rebase_from_the_git_source(proj: Proj, tmp_path: Path):
     """--source git: both trees come from the remote (here the synthetic repo), and the tag's
     commit is resolved there, so no --commit is needed."""
     res = rebase(
-        proj, "--to", "1.2.0", "--source", "git", "--git-url", proj.upstream.repo,
+        proj, "--to", "1.2.0", "--direct", "--source", "git", "--git-url", proj.upstream.repo,
         "--index-url", proj.index.url, "--json",
     )  # fmt: skip
     assert res.rc == 1, res.err

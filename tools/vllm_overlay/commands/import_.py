@@ -17,7 +17,7 @@ from vllm_overlay.errors import ChangeImportError, UsageError
 from vllm_overlay.overlay import importing
 from vllm_overlay.overlay.checkout import apply_overlay, checkout_state
 from vllm_overlay.overlay.mbox import parse_mbox
-from vllm_overlay.overlay.model import ID_RE
+from vllm_overlay.overlay.model import ID_RE, check_upstream_tests
 from vllm_overlay.overlay.project import Project, find_project
 from vllm_overlay.pin.pinning import release_tree
 
@@ -35,7 +35,9 @@ commit subject gives the title, the message the why, the From: lines the authors
 "(#NNNN)" in the subject (or a pull URL in the message) the origin. --pr N fetches
 <git host>/<repo>/pull/N.patch from upstream.lock's git URL (or --git-url). --from-release
 takes upstream's diff of PATHs (files or directories) between the pin and VERSION, from the
-release sdists on the package index (offline).
+release sdists on the package index (offline). The change's upstream_tests are the test
+files (tests/**/test_*.py) that diff adds or changes, as upstream names them (--upstream-tests
+overrides them): a rebase that drops the change runs them on the pristine release.
 
 The change is merged onto the series in the checkout (a real three-way merge; never fuzz).
 A patch written against other code needs a base: the blob its `index` line names when the
@@ -66,6 +68,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--upstream-status", help='e.g. "merged; first released in vLLM 0.28.0"')
     p.add_argument("--tests", nargs="*", metavar="TEST", help="default: the test files it touches")
+    p.add_argument(
+        "--upstream-tests",
+        nargs="*",
+        metavar="TEST",
+        help="upstream's tests of the fix (default: the test files the upstream diff changes)",
+    )
     add_checkout(p)
     add_source(p)
     add_index_url(p)
@@ -97,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.paths and not args.from_release:
         raise UsageError("--paths goes with --from-release")
+    if args.upstream_tests:
+        check_upstream_tests(args.upstream_tests, "--upstream-tests")
     importing.refuse_during_import(project, "import")
     lock, overlay = project.lock(), project.overlay()
     git_url = args.git_url or lock.upstream.git
@@ -181,6 +191,7 @@ def _patch_meta(args: argparse.Namespace, series, web: str | None) -> importing.
         drop_when=args.drop_when,
         tests=args.tests,
         authors=series.authors,
+        upstream_tests=args.upstream_tests,
     )
 
 
@@ -203,4 +214,5 @@ def _release_meta(args: argparse.Namespace, lock, web: str | None) -> importing.
         upstream_status=args.upstream_status or f"in {name} {v}",
         drop_when=args.drop_when or f"{name}>={v}",
         tests=args.tests,
+        upstream_tests=args.upstream_tests,
     )

@@ -13,24 +13,31 @@ from vllm_overlay.overlay.project import find_project
 
 HELP = "move the overlay to a new vLLM release: keep, refresh, drop, or stop on a conflict"
 DESCRIPTION = """\
-Move the overlay to another release, change by change, in overlay.toml order:
+Move the overlay to another release, walking every final release between the pin and the
+target (patch releases included; --direct jumps straight to the target). At each release,
+each change, in overlay.toml order, in its current form, on the release as the changes
+before it leave it:
 
   dropped    one of four ways, tried in this order for each of the change's files:
-               1. its drop_when holds for the new version (e.g. ">=0.25.0");
-               2. a file the change adds is in the new tree, byte for byte;
-               3. the change's patch of the file applies in reverse to the new tree;
+               1. its drop_when holds for the release (e.g. ">=0.25.0");
+               2. a file the change adds is in the release's tree, byte for byte;
+               3. the change's patch of the file applies in reverse to the release;
                4. the three-way merge of our file into upstream's leaves upstream's
                   unchanged (upstream has the change, in other words or context);
-             and, after a stop, when the person resolves it to upstream's code (nothing of
-             ours is left). Its tests then run against the new upstream WITHOUT the change
-             (our own test files placed beside upstream's under fresh names); if they fail,
-             the rebase stops: upstream's version does not do what ours did.
-  kept       it applies unchanged (the exported patch is byte-identical).
+             and, after a stop, when the person resolves it to upstream's code. It drops at
+             the FIRST release where this holds, proven there: its tests (our test files
+             placed beside upstream's) and, for a backport, upstream's own tests of it
+             (upstream_tests) run on that release WITHOUT the change. Not proven: a stop.
+  kept       it merges, and its exported patch is byte-identical.
   refreshed  it merges cleanly onto the new code; the patch gets the new context.
-  stop       a conflict (a real three-way merge against the old base leaves diff3 markers
-             in the checkout), a file we add that upstream now also has (a collision), or a
-             touched file upstream deleted or renamed (git's rename candidates are listed).
-             Resolve in the checkout, then --continue; or --abort.
+  stop       a conflict (git's three-way merge leaves diff3 markers), a file we add that
+             upstream now also has (a collision), or a touched file upstream deleted or
+             renamed (git's rename candidates are listed), at the first release where
+             upstream touches our lines. Not asked when a resolution record resolves it
+             (its tests must pass), or when a later release up to the target clears it
+             (drops or merges it): the walk never asks more than the direct jump would.
+             Resolve in the checkout (it shows that release), then --continue; or --abort.
+             The resolution is recorded (overlay/resolutions/), so no walk asks it again.
 
 Only when every change is settled are upstream.lock (the new pin: version, tag, commit,
 artifact hashes, base hashes), overlay/ (exported from the checkout) and overlay.toml
@@ -75,13 +82,18 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="run dropped changes' tests with this Python (it needs pytest; the tree goes on "
         "PYTHONPATH) instead of vLLM's CPU test environment",
     )
+    p.add_argument(
+        "--direct",
+        action="store_true",
+        help="jump straight to the target instead of walking every release in between",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
 
 def _options_only_with_to(args: argparse.Namespace) -> None:
     if args.to:
         return
-    names = ("git_url", "index_url", "checkout", "test_python")
+    names = ("git_url", "index_url", "checkout", "test_python", "direct")
     if args.abort:
         names = ("commit", *names)
     given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name)]
@@ -111,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             git_url=args.git_url,
             checkout=args.checkout,
             test_python=args.test_python,
+            direct=args.direct,
         )
     if args.json:
         print(json.dumps(rep, indent=2, sort_keys=True))
@@ -140,15 +153,24 @@ def render(rep: dict) -> str:
     to = rep["to"]
     head = f"rebase {to['name']} {rep['from']['version']} -> {to['version']}"
     lines = []
+    if len(rep["path"]) > 1:
+        head += f" (walked {' -> '.join(rep['path'])})"
     if rep["status"] == "complete":
         lines.append(f"{head}: complete")
     elif rep["stopped_at"]["status"] == rebase.STOP_COMMIT:
         lines.append(f"{head}: STOPPED before writing the new pin (commit-unknown)")
     else:
         s = rep["stopped_at"]
-        lines.append(f"{head}: STOPPED at change {s['id']} ({s['status']})")
+        lines.append(f"{head}: STOPPED at change {s['id']} on {to['name']} {s['release']} "
+                     f"({s['status']})")  # fmt: skip
     for c in rep["changes"]:
         lines += _render_change(c)
+    for c in rep.get("waited", []):
+        lines.append(f"  not asked: {c['id']} at {c['release']} ({c['met']}): {c['reason']}")
+    proofs = rep.get("proof_releases") or {}
+    if proofs:
+        lines.append("test environments (proofs): " + ", ".join(
+            f"{r} {s:.0f} s" for r, s in sorted(proofs.items())))  # fmt: skip
     lines += [f"note: {n}" for n in rep.get("notes", [])]
     if rep["status"] == "complete":
         lines += _render_pin(to)
@@ -168,9 +190,9 @@ def _render_change(c: dict) -> list[str]:
     status = c["status"]
     out = [f"  {status:11} {c['id']}"]
     if status == rebase.DROPPED:
-        out[0] += f": {c['reason']}"
+        out[0] += f" at {c['release']}: {c['reason']}"
         out.append(f"              proof: {c['proof']}")
-    elif status in (rebase.KEPT, rebase.REFRESHED, rebase.RESOLVED):
+    elif status in (rebase.KEPT, rebase.REFRESHED, rebase.RESOLVED, rebase.RECORD):
         extra = []
         if c.get("renamed"):
             extra.append("moved " + ", ".join(f"{a} -> {b}" for a, b in c["renamed"].items()))
@@ -181,11 +203,12 @@ def _render_change(c: dict) -> list[str]:
         if extra:
             out[0] += " (" + "; ".join(extra) + ")"
     elif status == rebase.STOP_TESTS:
-        run_ = c.get("test_run") or {}
-        out[0] += f": {c.get('reason')}"
-        out.append(f"              its tests FAILED without it: {run_.get('summary', '')}")
-        if run_.get("first_error"):
-            out.append(f"              first error: {run_['first_error']}")
+        proof = c.get("test_run") or {}
+        out[0] += f" at {c.get('release')}: {c.get('reason')}"
+        out.append(f"              its tests did not prove the drop: {proof.get('text', '')}")
+        for run_ in (proof.get("runs") or {}).values():
+            if run_.get("first_error"):
+                out.append(f"              first error: {run_['first_error']}")
     elif status in rebase.STOP_KINDS:
         for p in c["problems"]:
             out.append(f"              {p['path']}: {p['kind']}: {p['detail']}")

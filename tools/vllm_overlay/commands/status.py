@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 "drop_now": c.dropped_by(u.name, u.version),
                 "files": [file_entry(c, f) for f in c.files],
                 "tests": list(c.tests),
+                "upstream_tests": list(c.upstream_tests),
             }
             for c in overlay.changes
         ],

@@ -124,6 +124,9 @@ def _segment_files(repo: Repo, checkout: Path, seg: Segment) -> dict[str, bytes]
     return out
 
 
+RECORDS_DIR = "resolutions"  # the rebase's resolution records (rebase/records.py)
+
+
 def export_overlay(
     lock: Lock, overlay: Overlay, checkout: Path | Repo, *, check: bool = False
 ) -> ExportResult:
@@ -133,6 +136,7 @@ def export_overlay(
         f.relative_to(overlay.dir).as_posix(): f
         for f in overlay_files(overlay.dir)
         if f.relative_to(overlay.dir).as_posix() != CONFIG_NAME
+        and not f.relative_to(overlay.dir).as_posix().startswith(RECORDS_DIR + "/")
     }
     result = ExportResult()
     for rel in sorted(want):

@@ -1,9 +1,10 @@
 """Edit overlay/overlay.toml after a rebase, keeping its formatting and comments.
 
 A rebase removes the ``[[change]]`` tables of dropped changes and records each in a
-``[[dropped]]`` table (the overlay's history), updates the ``files`` and ``tests`` of changes
-whose paths moved, and bumps the top-level ``revision`` when the overlay's content changed.
-Everything else in the file (comments, key order, string styles) is left as it was.
+``[[dropped]]`` table (the overlay's history, with the upstream tests that proved the drop),
+updates the ``files`` and ``tests`` of changes whose paths moved, and bumps the top-level
+``revision`` when the overlay's content changed. Everything else in the file (comments, key
+order, string styles, a kept change's ``upstream_tests``) is left as it was.
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ class DroppedRecord:
     dropped_in: str
     reason: str
     proof: str
+    upstream_tests: Sequence[str] = ()  # the change's upstream tests, written when there are any
 
     def table(self) -> Table:
         t = tomlkit.table()
         for key in ("id", "title", "origin", "dropped_in", "reason", "proof"):
             t[key] = getattr(self, key)
+        if self.upstream_tests:
+            arr = _array_like(None, list(self.upstream_tests))
+            arr.multiline(len(self.upstream_tests) > 1)
+            t["upstream_tests"] = arr
         return t
 
 
@@ -100,7 +106,7 @@ def rewrite(
 
 CHANGE_KEYS = (
     "id", "title", "why", "origin", "origin_kind", "bugs", "authors", "upstream_status",
-    "drop_when", "drop_condition", "files", "tests", "notes",
+    "drop_when", "drop_condition", "files", "tests", "upstream_tests", "notes",
 )  # fmt: skip
 
 

@@ -62,6 +62,8 @@ class Meta:
     drop_when: str
     tests: list[str] | None = None  # None: the test files the change touches
     authors: list[str] = field(default_factory=list)
+    # None: the test files (tests/**/test_*.py) the imported upstream diff adds or changes
+    upstream_tests: list[str] | None = None
 
 
 @dataclass
@@ -411,6 +413,8 @@ def finish(project: Project, lock: Lock, st: State) -> list[str]:
         "id": m.id, "title": m.title, "why": m.why, "origin": m.origin, "origin_kind": "backport",
         "authors": m.authors, "upstream_status": m.upstream_status, "drop_when": m.drop_when,
         "files": changed, "tests": tests,
+        "upstream_tests": m.upstream_tests if m.upstream_tests is not None
+        else upstream_tests(st.paths),
     }  # fmt: skip
     cfg = project.overlay_dir / CONFIG_NAME
     new_text = history.add_change(cfg.read_text(), fields)
@@ -448,6 +452,13 @@ def finish(project: Project, lock: Lock, st: State) -> list[str]:
         shutil.rmtree(sf.parent)
     info(f"import: change {m.id} recorded as {(rev_parse(co, 'HEAD') or '')[:12]}")
     return written
+
+
+def upstream_tests(paths: list[str]) -> list[str]:
+    """The upstream test files among the paths the imported diff adds or changes (upstream's
+    names: a pull request's files, or the files that differ between the pin and the release),
+    once each, in the diff's order."""
+    return list(dict.fromkeys(p for p in paths if _is_test(p)))
 
 
 def _is_test(path: str) -> bool:

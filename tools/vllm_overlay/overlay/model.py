@@ -18,8 +18,12 @@ PATCH_SUFFIX = ".patch"
 ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _REQUIRED = ("id", "title", "why", "origin", "upstream_status", "files", "tests")
 # drop_when: required for a backport; drop_condition: required for our own change ("original"),
-# whose drop_when (a release known to fix it) is optional.
-_OPTIONAL = ("drop_when", "drop_condition", "origin_kind", "bugs", "supersedes", "authors", "notes")
+# whose drop_when (a release known to fix it) is optional. upstream_tests: a backport's upstream
+# tests (upstream paths under tests/, or path::node) that its origin pull request added or changed.
+_OPTIONAL = (
+    "drop_when", "drop_condition", "origin_kind", "bugs", "supersedes", "authors", "notes",
+    "upstream_tests",
+)  # fmt: skip
 _HISTORY_KEYS = ("id", "title", "origin", "dropped_in", "reason", "proof")
 
 
@@ -39,6 +43,10 @@ class Change:
     authors: tuple[str, ...] = ()  # upstream authors of a backport ("Name <email>")
     notes: str = ""
     drop_condition: str = ""  # the upstream condition that drops our own change, in words
+    # A backport's upstream tests, as upstream names them (a path under tests/, or path::node):
+    # what its origin pull request added or changed there. They run on the pristine release
+    # that drops the change, with the change's own `tests`, as part of the proof.
+    upstream_tests: tuple[str, ...] = ()
 
     @property
     def drop_rule(self) -> str:
@@ -153,6 +161,21 @@ def _str_list(val: object, where: str) -> tuple[str, ...]:
     return tuple(val)
 
 
+def check_upstream_tests(val: object, where: str) -> tuple[str, ...]:
+    """``upstream_tests``: upstream test paths (``tests/...``, optionally ``::node``)."""
+    tests = _str_list(val, f"{where}: `upstream_tests`")
+    for t in tests:
+        path = t.split("::")[0]
+        check_relpath(path, f"{where}: `upstream_tests`")
+        if not path.startswith("tests/"):
+            raise OverlayConfigError(
+                f"{where}: `upstream_tests` lists {t!r}; expected an upstream test under tests/ "
+                "(a path, or path::node as pytest names it), e.g. "
+                '"tests/v1/core/test_kv_cache_utils.py::test_name".'
+            )
+    return tests
+
+
 def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
     src = f"{overlay_dir / CONFIG_NAME}"
     try:
@@ -211,6 +234,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
         tests = _str_list(tbl["tests"], f"{where}: `tests`")
         for t in tests:
             check_relpath(t.split("::")[0], f"{where}: `tests`")
+        upstream_tests = check_upstream_tests(tbl.get("upstream_tests", []), where)
         kind = tbl.get("origin_kind", "backport")
         if kind not in ("backport", "original"):
             raise OverlayConfigError(f'{where}: `origin_kind` must be "backport" or "original".')
@@ -243,6 +267,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 authors=_str_list(tbl.get("authors", []), f"{where}: `authors`"),
                 notes=tbl.get("notes", ""),
                 drop_condition=tbl.get("drop_condition", ""),
+                upstream_tests=upstream_tests,
             )
         )
     history = data.get("dropped", [])
@@ -252,6 +277,8 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
         missing = [k for k in ("id", "dropped_in", "reason") if k not in h]
         if missing:
             raise OverlayConfigError(f"{src}: [[dropped]] #{i + 1}: missing key(s) {missing}.")
+        if "upstream_tests" in h:
+            check_upstream_tests(h["upstream_tests"], f"{src}: [[dropped]] #{i + 1}")
     revision = data.get("revision", 1)
     if not isinstance(revision, int) or isinstance(revision, bool) or revision < 1:
         raise OverlayConfigError(f"{src}: `revision` must be a positive integer, got {revision!r}.")

@@ -1,35 +1,26 @@
-"""Move the overlay to another upstream release: keep, refresh, drop, or stop.
+"""Move the overlay to another upstream release, walking every release in between.
 
-For each change, in overlay.toml order, in the checkout (a real git work tree):
+The package, as the pipeline runs:
 
-1. **dropped** when its ``drop_when`` holds for the new version, or when the new tree already
-   has it (its patch applies in reverse, or the three-way merge leaves upstream's file
-   unchanged). Its ``tests`` then run against the new, pristine upstream (our own test files
-   placed under fresh names): if they fail, the rebase stops, since upstream's version does not
-   do what ours did.
-2. otherwise the change's commit (made by apply on the old pin) is cherry-picked onto the new
-   base: a real three-way merge against the old base, with git's rename detection, never a
-   copy of our old file. A clean pick is **kept** (the exported patch is byte-identical) or
-   **refreshed** (new context).
-3. it **stops** on a content conflict (diff3 markers left in the checkout), on a file we add
-   that upstream now also has (a collision), or on a touched file upstream deleted or renamed
-   (with git's rename candidates). ``--continue`` commits the person's resolution and goes on;
-   ``--abort`` restores everything.
+- ``releases``: the one list of upstream's releases (the package index's);
+- ``target``: the release to move to, and its pin;
+- ``host``: the series at the pin, the releases' files (from their sdists) and the proofs;
+- ``decide``: the one decision, for one change at one release: dropped, kept, refreshed,
+  conflict, moved, collision;
+- ``walk``: the one state machine: every change, every release, one decision per step;
+  drops proven where they happen, conflicts asked where they first happen (and only when no
+  later release up to the target clears them), resolution records applied;
+- ``records``: resolution records (a conflict resolved once is not asked again);
+- ``state``, ``workspace``, ``report``, ``driver``: the rebase in a project: its saved state,
+  the checkout a person resolves in, the report, and start / continue / abort.
 
-The package, by job: ``state`` (the on-disk state, backups, the checkout record, the context a
-step works in), ``target`` (the release to move to and its pin), ``steps`` (one change: drop
-with proof, carry, stop; settling a stop), ``report`` (the report and the next steps), and
-``driver`` (start, continue, abort: the loop and the final write). This module is the public
-face the CLI uses.
+``track`` and ``outlook`` run the same walk; only the rebase writes the project.
 """
 
+from vllm_overlay.rebase.decide import DROPPED, KEPT, REFRESHED
 from vllm_overlay.rebase.driver import abort, continue_, start
 from vllm_overlay.rebase.report import next_steps, report
 from vllm_overlay.rebase.state import (
-    DROPPED,
-    KEPT,
-    REFRESHED,
-    RESOLVED,
     STOP_COMMIT,
     STOP_KINDS,
     STOP_TESTS,
@@ -38,10 +29,12 @@ from vllm_overlay.rebase.state import (
     in_progress,
 )
 from vllm_overlay.rebase.target import latest_release, release_of_commit, resolve_target
+from vllm_overlay.rebase.walk import RECORD, RESOLVED
 
 __all__ = [
     "DROPPED",
     "KEPT",
+    "RECORD",
     "REFRESHED",
     "RESOLVED",
     "STOP_COMMIT",

@@ -1,39 +1,41 @@
-"""Start, continue and abort a rebase: the loop over the changes, and the final write.
+"""Start, continue and abort a rebase: the walk (``rebase/walk.py``) in a project.
 
-Only when every change is settled are ``upstream.lock`` (the new pin and base hashes),
-``overlay/`` (exported from the checkout) and ``overlay/overlay.toml`` (dropped changes moved to
-``[[dropped]]``, moved paths, revision) written; until then a stop leaves them as they were.
+``start`` pins the target, reads the series at the pin, and walks every release up to the
+target (``direct``: the target alone). A stop writes the checkout at the stop's release
+(``workspace``) and returns the report; ``--continue`` reads the person's resolution from the
+checkout (and records it, ``rebase/records.py``) or runs a failed proof again, then walks on.
+Only when the walk is done are ``upstream.lock`` (the new pin and base hashes), ``overlay/``
+(exported from the checkout, now the target plus one commit per change) and
+``overlay/overlay.toml`` (dropped changes moved to ``[[dropped]]`` with the release where each
+dropped, moved paths, revision) written; until then a stop leaves them as they were.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 
+from packaging.version import Version
+
 from vllm_overlay.errors import RebaseError
-from vllm_overlay.gitrepo import config_set, run_git, set_ref, switch, uncommitted
+from vllm_overlay.gitrepo import config_set, set_ref, show_bytes, uncommitted
 from vllm_overlay.overlay import history
-from vllm_overlay.overlay.checkout import (
-    APPLIED_REF,
-    BRANCH,
-    DIGEST_KEY,
-    apply_overlay,
-    check_consistency,
-)
+from vllm_overlay.overlay.checkout import APPLIED_REF, DIGEST_KEY, check_consistency
 from vllm_overlay.overlay.checkout import plan as plan_overlay
 from vllm_overlay.overlay.export import export_overlay
 from vllm_overlay.overlay.model import CONFIG_NAME, load_overlay, overlay_digest, parse_overlay
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.lockfile import base_hash, render_lock, write_lock
-from vllm_overlay.pin.trees import BASE_REF, upstream_repo
-from vllm_overlay.rebase.report import report
+from vllm_overlay.pin.trees import upstream_repo
+from vllm_overlay.rebase import records, walk, workspace
+from vllm_overlay.rebase.host import SdistHost, load_series
+from vllm_overlay.rebase.releases import newer_releases
+from vllm_overlay.rebase.report import report, settled
 from vllm_overlay.rebase.state import (
-    DROPPED,
-    KEPT,
     NEW_BASE_REF,
     OLD_BASE_REF,
-    STOP_COMMIT,
-    STOP_TESTS,
     Ctx,
     Paths,
     RebaseInProgressError,
@@ -48,7 +50,6 @@ from vllm_overlay.rebase.state import (
     undo,
     where,
 )
-from vllm_overlay.rebase.steps import drop, settle_resolution, step
 from vllm_overlay.rebase.target import pin, resolve_target, with_commit
 from vllm_overlay.util import atomic_write_text, info
 
@@ -63,6 +64,7 @@ def start(
     git_url: str | None = None,
     checkout: Path | None = None,
     test_python: str | None = None,
+    direct: bool = False,
 ) -> dict:
     """Begin a rebase onto ``to``; returns the report (complete, or stopped)."""
     paths = Paths(project)
@@ -82,6 +84,8 @@ def start(
         )
         if version == old_lock.upstream.version and commit in (None, old_lock.upstream.commit):
             return {"status": "noop", "message": f"upstream.lock already pins {name} {version}."}
+        if Version(version) < Version(old_lock.upstream.version):
+            direct = True  # backwards: no releases in between to walk
         info(f"pinning {name} {version}")
         lock_plan = pin(overlay, name=name, version=version, commit=commit, remote=remote,
                         index_url=index_url)  # fmt: skip
@@ -95,7 +99,7 @@ def start(
             git_url=git_url,
             test_python=test_python,
             checkout=record_checkout(dest, old_lock, overlay),
-            order=[c.id for c in overlay.changes],
+            direct=direct,
             commit_known=lock_plan.commit_resolved,
             sdist_commit=lock_plan.sdist_commit,
             pin_notes=lock_plan.variant_notes,
@@ -106,38 +110,69 @@ def start(
         save(paths, state)
         ctx = context(paths, state)
         try:
-            _prepare(ctx)
+            walker = _walker(ctx, new=True)
         except BaseException:
             ctx.close()
             undo(paths, state)
             raise
         with ctx:
-            return _advance(ctx)
+            return _advance(ctx, walker)
 
 
-def _prepare(ctx: Ctx) -> None:
-    """The checkout at the old pin plus the overlay (one commit per change), then moved to
-    the new base with both bases at fixed refs."""
+def _path(ctx: Ctx) -> tuple[list[str], dict]:
+    """The releases to walk, oldest first (the target last), and the index's releases."""
     st = ctx.state
-    opts = {"source": st.source, "index_url": st.index_url, "git_url": st.git_url}
-    res = apply_overlay(ctx.old_lock, ctx.overlay, ctx.checkout, **opts)
-    st.commits = dict(res.commits)
-    st.old_base = res.base
-    new_repo, new_base = upstream_repo(ctx.new_lock, **opts)
-    repo = ctx.repo
-    if ctx.commit(new_base) is None:
-        run_git(repo.git, "fetch", "-q", "--no-tags", str(new_repo), f"+{BASE_REF}:{NEW_BASE_REF}")
-    set_ref(repo, NEW_BASE_REF, new_base)
-    set_ref(repo, OLD_BASE_REF, res.base)
-    set_ref(repo, BASE_REF, new_base)
-    switch(repo, new_base, BRANCH)
-    st.new_base = new_base
-    st.status = "running"
-    ctx.save()
+    found, notes = newer_releases(ctx.name, ctx.old_version, st.index_url, to=ctx.new_version)
+    for note in notes:
+        info(note)
+    releases = {r.version: r for r in found}
+    if st.direct or ctx.new_version not in releases:
+        return [ctx.new_version], releases
+    return [r.version for r in found], releases
+
+
+def _walker(ctx: Ctx, *, new: bool = False) -> walk.Walker:
+    """The walk of this rebase: made at the start, loaded from the state after."""
+    st, paths = ctx.state, ctx.paths
+    path, releases = _path(ctx)
+    if ctx.new_version not in releases:
+        from vllm_overlay.rebase.releases import list_releases
+
+        everything = list_releases(ctx.name, st.index_url)
+        if ctx.new_version in everything:
+            releases[ctx.new_version] = everything[ctx.new_version]
+    host = SdistHost(ctx.old_lock, releases, index_url=st.index_url,
+                     test_python=st.test_python, work=paths.dir)  # fmt: skip
+    blobs = walk.Blobs(paths.blobs)
+    if new:
+        series = load_series(ctx.old_lock, ctx.overlay, st.index_url)
+        w = walk.start(ctx.name, ctx.old_version, path, series.steps, blobs)
+        info(f"walking {ctx.name} {ctx.old_version} -> " + " -> ".join(path))
+        st.walk = w.to_json()
+        st.status = "running"
+        ctx.save()
+    else:
+        w = walk.Walk.from_json(st.walk)
+    found = records.load(ctx.paths.project.overlay_dir / records.DIR, paths.records)
+    changes = {c.id: c for c in ctx.overlay.changes}
+
+    def saved() -> None:
+        st.walk = w.to_json()
+        ctx.save()
+        _fault_point(len(w.cells))
+
+    return walk.Walker(w, blobs, host, changes, found, on_step=saved)
+
+
+def _fault_point(step: int) -> None:
+    """Tests kill the rebase at a chosen step (VLLM_OVERLAY_KILL_AT_STEP=N: SIGKILL right
+    after the walk's N-th verdict is saved), to prove every step resumes."""
+    if os.environ.get("VLLM_OVERLAY_KILL_AT_STEP") == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def continue_(project: Project, *, commit: str | None = None) -> dict:
-    """Settle the stopped change with the person's resolution, then go on.
+    """Settle the stop with the person's resolution (or run its proof again), then go on.
 
     ``commit``: the new pin's full commit id, when the rebase could not resolve it.
     """
@@ -146,8 +181,7 @@ def continue_(project: Project, *, commit: str | None = None) -> dict:
         state = load(paths)
         if commit is not None:
             with_commit(state, commit)
-            if state.pending and state.pending["kind"] == STOP_COMMIT:
-                state.pending = None
+            state.commit_pending = False
             save(paths, state)
         if state.status == "starting":
             raise RebaseError(
@@ -159,27 +193,49 @@ def continue_(project: Project, *, commit: str | None = None) -> dict:
 
 
 def _continue(ctx: Ctx) -> dict:
-    state = ctx.state
-    if state.status == "finalizing":  # interrupted while writing: write it all again
-        return _finish(ctx)
+    st = ctx.state
+    if st.status == "finalizing":  # interrupted while writing: write it all again
+        return _finish(ctx, _walker(ctx))
     refuse_edits(ctx.paths)
-    if state.pending is None:
-        if state.next < len(state.order):
-            _reset_step(ctx)  # interrupted mid-step: redo that step
-        return _advance(ctx)
-    if state.pending["kind"] == STOP_COMMIT:
-        return report(ctx)  # still unknown: the report says how to give it
-    change = ctx.overlay.change(state.pending["id"])
-    if state.pending["kind"] == STOP_TESTS:
-        result, pending = drop(ctx, change, state.pending["reason"])
-    else:
-        result, pending = settle_resolution(ctx, change)
-    if pending is not None:
-        state.pending = pending
+    walker = _walker(ctx)
+    w = walker.walk
+    if st.commit_pending:
+        return report(ctx, w)  # still unknown: the report says how to give it
+    if w.stop is not None:
+        if w.stop["kind"] == walk.TESTS_FAILED:
+            walker.retry_proof()
+        else:
+            _settle(ctx, walker)
+        st.walk = w.to_json()
         ctx.save()
-        return report(ctx)
-    _record(ctx, result)
-    return _advance(ctx)
+    return _advance(ctx, walker)
+
+
+def _settle(ctx: Ctx, walker: walk.Walker) -> None:
+    w = walker.walk
+    files = workspace.read_resolution(ctx)
+    left = [p for p, d in files.items() if d is not None and _has_markers(d)]
+    if left:
+        shown = "\n".join("    " + p for p in left)
+        raise RebaseError(
+            f"conflict markers (<<<<<<< or >>>>>>>) are still in:\n{shown}\nEdit them away, "
+            "then run `vllm-overlay rebase --continue` again."
+        )
+    stop = w.stop or {}
+    renames = {p: c[0][0] for p, c in stop.get("candidates", {}).items() if c}
+    walker.settle(files, renames)
+    for rec in walker.made:
+        records.save(ctx.paths.records, rec)  # kept even if the rebase is aborted
+        walker.records[rec.key] = rec
+    if walker.made:
+        info(f"recorded {len(walker.made)} resolution(s) of change {stop.get('id')}: a later "
+             "walk that meets the same conflict applies them")  # fmt: skip
+
+
+def _has_markers(data: bytes) -> bool:
+    import re
+
+    return re.search(rb"^(<<<<<<<|>>>>>>>)( |$)", data, re.MULTILINE) is not None
 
 
 def abort(project: Project) -> dict:
@@ -195,63 +251,57 @@ def abort(project: Project) -> dict:
     }
 
 
-# Steps
-
-
-def _advance(ctx: Ctx) -> dict:
+def _advance(ctx: Ctx, walker: walk.Walker) -> dict:
     st = ctx.state
-    while st.next < len(st.order):
-        change = ctx.overlay.change(st.order[st.next])
-        st.step_head = ctx.head()
-        st.pending = None
-        st.status = "running"
+    w = walker.run()
+    if w.stop is not None:
+        host = walker.host
+        repo, base = host.tree(w.release)  # type: ignore[attr-defined]
+        workspace.show_stop(ctx, w, walker.blobs, walker.changes, repo, base)
+        st.status = "stopped"
+        st.walk = w.to_json()
         ctx.save()
-        result, pending = step(ctx, change)
-        if pending is not None:
-            st.pending = pending
-            st.status = "stopped"
-            ctx.save()
-            return report(ctx)
-        _record(ctx, result)
+        return report(ctx, w, timings=getattr(host, "timings", {}))
     if not st.commit_known:
-        st.pending = {"id": "", "kind": STOP_COMMIT, "problems": []}
+        st.commit_pending = True
         st.status = "stopped"
         ctx.save()
-        return report(ctx)
+        return report(ctx, w)
     st.status = "finalizing"
     ctx.save()
-    return _finish(ctx)
-
-
-def _record(ctx: Ctx, result: dict) -> None:
-    st = ctx.state
-    st.results.append(result)
-    st.pending = None
-    st.next += 1
-    st.status = "running"
-    ctx.save()
-
-
-def _reset_step(ctx: Ctx) -> None:
-    switch(ctx.repo, ctx.state.step_head, BRANCH, clean=True)
+    return _finish(ctx, walker)
 
 
 # Finishing: the lock, overlay.toml and overlay/ are written only here
 
 
-def _finish(ctx: Ctx) -> dict:
-    st, project, co = ctx.state, ctx.paths.project, ctx.checkout
+def _finish(ctx: Ctx, walker: walk.Walker) -> dict:
+    st, project, w = ctx.state, ctx.paths.project, walker.walk
+    repo, base = upstream_repo(
+        ctx.new_lock, source=st.source, index_url=st.index_url, git_url=st.git_url
+    )
+    carried = [c for c in w.order if c not in w.gone]
+    touched = sorted({p for c in carried for p in w.forms[c].files})
+    walked = walker.host.files(w.target, touched)
+    differ = [p for p in touched if show_bytes(repo, base, p) != walked[p]]
+    if differ:
+        raise RebaseError(
+            f"the {st.source} tree of {ctx.name} {ctx.new_version} differs from its sdist, which "
+            "the walk read, in: " + ", ".join(differ) + ". Rebase with --source sdist, or check "
+            "the pinned commit."
+        )
+    workspace.show_release(ctx, repo, base)
+    workspace.commit_carried(ctx, w, walker.blobs, walker.changes, carried)
     dirty = uncommitted(ctx.repo)
     if dirty:
         raise RebaseError(
-            f"{co} has uncommitted changes after every change was settled:\n"
+            f"{ctx.checkout} has uncommitted changes after every change was settled:\n"
             + "\n".join("    " + d for d in dirty[:20])
             + "\nDiscard them (`git -C CHECKOUT checkout -- .`) or `--abort`; then --continue."
         )
-    dropped = [r for r in st.results if r["status"] == DROPPED]
-    kept = [r for r in st.results if r["status"] != DROPPED]
+    results = settled(w, ctx.overlay)
     old_text = (ctx.paths.backup_overlay / CONFIG_NAME).read_text()
-    bump = any(r["status"] != KEPT for r in st.results)
+    bump = any(r["status"] != "kept" for r in results)
     new_text = history.rewrite(
         old_text,
         dropped=[
@@ -259,24 +309,28 @@ def _finish(ctx: Ctx) -> dict:
                 id=r["id"],
                 title=r["title"],
                 origin=r["origin"],
-                dropped_in=ctx.new_version,
+                dropped_in=r["release"],
                 reason=r["reason"],
                 proof=r["proof"],
+                upstream_tests=ctx.overlay.change(r["id"]).upstream_tests,
             )  # fmt: skip
-            for r in dropped
+            for r in results
+            if r["status"] == "dropped"
         ],
-        files={r["id"]: r["files"] for r in kept},
-        tests={r["id"]: r["tests"] for r in kept},
+        files={r["id"]: r["files"] for r in results if r["status"] != "dropped"},
+        tests={r["id"]: r["tests"] for r in results if r["status"] != "dropped"},
         bump_revision=bump,
     )
     new_overlay = parse_overlay(new_text, project.overlay_dir)  # validate before writing
     new_lock = ctx.new_lock.with_base(
-        {p: base_hash(ctx.new_file(p)) for p in new_overlay.all_files()}
+        {p: base_hash(show_bytes(repo, base, p)) for p in new_overlay.all_files()}
     )
     atomic_write_text(project.overlay_dir / CONFIG_NAME, new_text)
     exported = export_overlay(new_lock, new_overlay, ctx.repo)
-    repo, base = upstream_repo(
-        new_lock, source=st.source, index_url=st.index_url, git_url=st.git_url
+    keys = {k for c in w.cells for k in c.get("records", [])}
+    stored = records.load(project.overlay_dir / records.DIR, ctx.paths.records)
+    pruned = records.write_overlay(
+        project.overlay_dir, [stored[k] for k in sorted(keys) if k in stored], ctx.new_version
     )
     plan_overlay(new_lock, load_overlay(project.overlay_dir), repo, base)  # strict re-apply
     write_lock(project.lock_path, new_lock)
@@ -284,12 +338,14 @@ def _finish(ctx: Ctx) -> dict:
     config_set(ctx.repo, DIGEST_KEY, overlay_digest(project.overlay_dir))
     for ref in (NEW_BASE_REF, OLD_BASE_REF):
         set_ref(ctx.repo, ref, None)
-    result = report(ctx)
+    result = report(ctx, w)
+    written = [f"overlay/{records.DIR}/{stored[k].relpath}" for k in sorted(keys) if k in stored]
     result.update(
         status="complete",
         written=["upstream.lock", f"overlay/{CONFIG_NAME}"]
-        + [f"overlay/{p}" for p in exported.written],
-        removed=[f"overlay/{p}" for p in exported.removed],
+        + [f"overlay/{p}" for p in exported.written]
+        + written,
+        removed=[f"overlay/{p}" for p in exported.removed + pruned],
         revision={"from": ctx.overlay.revision, "to": new_overlay.revision},
     )
     shutil.rmtree(ctx.paths.dir)

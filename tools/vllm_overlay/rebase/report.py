@@ -3,34 +3,75 @@ JSON), and what the person does next for each kind of stop."""
 
 from __future__ import annotations
 
-from vllm_overlay.rebase.state import (
-    DROPPED,
-    KEPT,
-    NEW_BASE_REF,
-    REFRESHED,
-    RESOLVED,
-    STOP_COMMIT,
-    STOP_KINDS,
-    STOP_TESTS,
-    Ctx,
-)
+from vllm_overlay.overlay.model import Overlay
+from vllm_overlay.rebase import walk as walk_
+from vllm_overlay.rebase.decide import DROPPED, KEPT, REFRESHED
+from vllm_overlay.rebase.state import NEW_BASE_REF, STOP_COMMIT, STOP_TESTS, Ctx
+
+RESOLVED = walk_.RESOLVED
+RECORD = walk_.RECORD
 
 
-def report(ctx: Ctx) -> dict:
+def settled(w: walk_.Walk, overlay: Overlay) -> list[dict]:
+    """Each change's end state over the walk so far: dropped (at which release, why, with
+    which proof), or carried (kept, refreshed, resolved by a person or by a record), with its
+    files and tests now."""
+    out = []
+    for cid in w.order:
+        change = overlay.change(cid)
+        base = {"id": cid, "title": change.title, "origin": change.origin}
+        cells = [c for c in w.cells if c["id"] == cid]
+        if cid in w.gone:
+            g = w.gone[cid]
+            out.append({**base, "status": DROPPED, "release": g["release"],
+                        "reason": g["reason"], "proof": g["proof"]})  # fmt: skip
+            continue
+        states = {c["state"] for c in cells}
+        if not w.done and (not cells or cells[-1]["release"] != w.release):
+            status = "pending"  # not judged at the release the walk stands at yet
+        elif RESOLVED in states:
+            status = RESOLVED
+        elif RECORD in states:
+            status = RECORD
+        elif REFRESHED in states:
+            status = REFRESHED
+        else:
+            status = KEPT
+        form = w.forms[cid]
+        renamed = {k: v for c in cells for k, v in c.get("renamed", {}).items()}
+        out.append({**base, "status": status, "files": list(form.files),
+                    "tests": list(form.tests), "renamed": renamed,
+                    "releases": {c["release"]: c["state"] for c in cells}})  # fmt: skip
+    return out
+
+
+def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> dict:
     """Where the rebase stands, as plain data (the CLI renders it, or prints it as JSON)."""
     st = ctx.state
     u = ctx.new_lock.upstream
-    changes = [_public(r) for r in st.results]
+    changes = settled(w, ctx.overlay)
     stopped = None
-    if st.pending:
-        stopped = _public_stop(ctx, st.pending)
-        if st.pending["kind"] != STOP_COMMIT:
-            changes.append(stopped)
-    done = {c["id"] for c in changes}
-    changes += [{"id": cid, "status": "pending"} for cid in st.order if cid not in done]
-    by = {s: [c["id"] for c in changes if c["status"] == s] for s in (KEPT, REFRESHED, RESOLVED)}
+    if w.stop is not None:
+        stopped = _public_stop(ctx, w)
+        for c in changes:
+            if c["id"] == w.stop["id"]:
+                c.update(status=w.stop["kind"], release=w.stop["release"],
+                         problems=stopped["problems"], reason=stopped["reason"],
+                         test_run=stopped["test_run"])  # fmt: skip
+    elif st.commit_pending:
+        stopped = {"id": "", "status": STOP_COMMIT, "problems": [],
+                   "next_steps": next_steps(ctx, {"kind": STOP_COMMIT})}  # fmt: skip
+    by = {s: [c["id"] for c in changes if c["status"] == s]
+          for s in (KEPT, REFRESHED, RESOLVED, RECORD)}  # fmt: skip
+    proofs: dict[str, float] = {}
+    for c in w.cells:
+        secs = (c.get("test_run") or {}).get("seconds")
+        if c["state"] == DROPPED or secs is not None:
+            proofs.setdefault(c["release"], 0.0)
+    for rel, secs in (timings or {}).items():
+        proofs[rel] = secs
     return {
-        "status": "stopped" if st.pending else st.status,
+        "status": "stopped" if stopped else st.status,
         "from": {"version": st.from_version, "commit": st.from_commit},
         "to": {
             "name": u.name,
@@ -50,41 +91,66 @@ def report(ctx: Ctx) -> dict:
             ],  # fmt: skip
             "variants": {v: ctx.new_lock.platforms(v) for v in ctx.new_lock.variants()},
         },
+        "path": list(w.path),
+        "at": w.release,
         "notes": list(st.pin_notes),
         "checkout": st.checkout.path,
         "changes": changes,
         "kept": by[KEPT],
         "refreshed": by[REFRESHED],
         "resolved": by[RESOLVED],
+        "by_record": by[RECORD],
         "dropped": [
-            {"id": c["id"], "reason": c["reason"], "proof": c["proof"]}
+            {"id": c["id"], "release": c["release"], "reason": c["reason"], "proof": c["proof"]}
             for c in changes
             if c["status"] == DROPPED
         ],
-        "conflicted": [c["id"] for c in changes if c["status"] in STOP_KINDS] + by[RESOLVED],
+        "conflicted": [
+            c["id"]
+            for c in changes
+            if c["status"] in ("conflict", "moved", "collision", RESOLVED, RECORD)
+        ],
+        "waited": [c for c in w.cells if c["state"] == walk_.WAITING and c.get("met")],
+        "stops": walk_.person_stops(w),
+        "proof_releases": proofs,
+        "cells": [{k: c[k] for k in ("release", "id", "state")} for c in w.cells],
         "stopped_at": stopped,
     }
 
 
-def _public(result: dict) -> dict:
-    return {k: v for k, v in result.items() if k != "commit"}
-
-
-def _public_stop(ctx: Ctx, pending: dict) -> dict:
+def _public_stop(ctx: Ctx, w: walk_.Walk) -> dict:
+    stop = dict(w.stop or {})
+    problems = [
+        {"path": p, "kind": _kind(stop, p), "detail": stop["reason"],
+         "candidates": [{"path": c[0], "similarity": c[1]}
+                        for c in stop.get("candidates", {}).get(p, [])]}
+        for p in stop.get("files", [])
+    ]  # fmt: skip
+    pending = {"id": stop["id"], "kind": stop["kind"], "release": stop["release"],
+               "reason": stop["reason"], "problems": problems,
+               "test_run": stop.get("test_run")}  # fmt: skip
     return {
-        "id": pending["id"],
-        "status": pending["kind"],
-        "problems": pending["problems"],
-        "reason": pending.get("reason"),
-        "test_run": pending.get("test_run"),
+        "id": stop["id"],
+        "status": stop["kind"],
+        "release": stop["release"],
+        "problems": problems,
+        "hunks": stop.get("hunks", {}),
+        "reason": stop.get("reason"),
+        "test_run": stop.get("test_run"),
         "next_steps": next_steps(ctx, pending),
     }
+
+
+def _kind(stop: dict, path: str) -> str:
+    if stop["kind"] == "moved":
+        return "renamed" if stop.get("candidates", {}).get(path) else "deleted"
+    return "content" if stop["kind"] == "conflict" else stop["kind"]
 
 
 def next_steps(ctx: Ctx, pending: dict) -> list[str]:
     """What the person does now, for this kind of stop."""
     co = ctx.checkout
-    old, new = ctx.old_version, ctx.new_version
+    old, new = ctx.old_version, pending.get("release") or ctx.new_version
     go_on = "then run `vllm-overlay rebase --continue` (no need to git add or commit)"
     back = (
         "or `vllm-overlay rebase --abort` to put upstream.lock, overlay/ and the checkout back "
@@ -101,7 +167,8 @@ def next_steps(ctx: Ctx, pending: dict) -> list[str]:
             f"then run `vllm-overlay rebase --continue --commit SHA`; {back}.",
         ]
     if kind == STOP_TESTS:
-        run_ = pending.get("test_run") or {}
+        runs = (pending.get("test_run") or {}).get("runs") or {}
+        run_ = runs.get("ours") or runs.get("upstream") or {}
         where = f"against {ctx.name} {new} without the change (log: {run_.get('log', '')})"
         if run_.get("failed"):
             why = (
@@ -129,10 +196,11 @@ def next_steps(ctx: Ctx, pending: dict) -> list[str]:
     kinds = {p["kind"] for p in pending["problems"]}
     if kinds - {"collision", "renamed", "deleted"}:
         steps.append(
-            f"Resolve the conflict markers in {co}: between <<<<<<< HEAD and ||||||| is "
-            f"upstream {new}, between ||||||| and ======= upstream {old} (what our change was "
-            "written against), between ======= and >>>>>>> our change. Keep upstream's new code "
-            "and redo our change on top of it."
+            f"The checkout {co} is {ctx.name} {new} with the changes before this one. Resolve "
+            f"the conflict markers there: between <<<<<<< and ||||||| is upstream {new}, "
+            "between ||||||| and ======= the code our change was last written against, "
+            "between ======= and >>>>>>> our change. Keep upstream's new code and redo our "
+            "change on top of it; the resolution is recorded, so no walk asks it again."
         )
     if "collision" in kinds:
         steps.append(

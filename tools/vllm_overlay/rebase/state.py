@@ -23,11 +23,9 @@ from vllm_overlay.gitrepo import (
     config_set,
     current_branch,
     open_repo,
-    renames_between,
     restore_head,
     rev_parse,
     set_ref,
-    show_bytes,
 )
 from vllm_overlay.overlay.checkout import (
     APPLIED_REF,
@@ -35,13 +33,13 @@ from vllm_overlay.overlay.checkout import (
     checkout_state,
     is_checkout,
 )
-from vllm_overlay.overlay.model import Change, Overlay, load_overlay
+from vllm_overlay.overlay.model import Overlay, load_overlay
 from vllm_overlay.overlay.project import Project
-from vllm_overlay.pin.lockfile import ABSENT, Lock, parse_lock
+from vllm_overlay.pin.lockfile import Lock, parse_lock
 from vllm_overlay.pin.trees import BASE_REF
 from vllm_overlay.util import atomic_write_text, exclusive_lock
 
-FORMAT = 1
+FORMAT = 2  # 2: the walk (release by release)
 NEW_BASE_REF = "refs/vllm-overlay/rebase/new-base"
 OLD_BASE_REF = "refs/vllm-overlay/rebase/old-base"
 
@@ -92,19 +90,15 @@ class State:
     git_url: str | None
     test_python: str | None
     checkout: CheckoutRecord
-    order: list[str]
     format: int = FORMAT
     status: str = "starting"  # starting | running | stopped | finalizing
-    old_base: str = ""
-    new_base: str = ""
-    commits: dict[str, str] = field(default_factory=dict)  # change id -> its commit on the old pin
-    next: int = 0
-    step_head: str = ""
-    results: list[dict] = field(default_factory=list)  # settled changes, in order
-    pending: dict | None = None  # the stop, when stopped
+    direct: bool = False  # the target alone, not every release in between
+    walk: dict = field(default_factory=dict)  # walk.Walk.to_json(): where the walk stands
+    step_head: str = ""  # the checkout's commit under a stop's conflict files
     commit_known: bool = True  # False: the new tag's full commit is still to be given
     sdist_commit: str | None = None  # the abbreviated commit the new sdist records
     pin_notes: list[str] = field(default_factory=list)  # e.g. a variant the release lacks
+    commit_pending: bool = False  # every change settled; the full commit is asked for
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -150,8 +144,14 @@ class Paths:
     def lock_file(self) -> Path:
         return self.project.work_dir / "rebase.lock"
 
-    def tests_dir(self, change_id: str) -> Path:
-        return self.dir / "tests" / change_id
+    @property
+    def blobs(self) -> Path:
+        return self.dir / "blobs"
+
+    @property
+    def records(self) -> Path:
+        """The resolution records of walks not yet written to overlay/ (they survive --abort)."""
+        return self.project.work_dir / "resolutions"
 
 
 def in_progress(project: Project) -> bool:
@@ -284,7 +284,6 @@ class Ctx:
     overlay: Overlay  # the overlay as it was when the rebase started (the backup)
     old_lock: Lock
     new_lock: Lock
-    _renames: dict[str, list[tuple[str, int]]] | None = None
 
     @property
     def checkout(self) -> Path:
@@ -317,9 +316,6 @@ class Ctx:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def commit(self, rev: str) -> str | None:
-        return rev_parse(self.repo, rev)
-
     def head(self) -> str:
         head = rev_parse(self.repo, "HEAD")
         if head is None:
@@ -328,24 +324,6 @@ class Ctx:
 
     def save(self) -> None:
         save(self.paths, self.state)
-
-    def old_file(self, path: str) -> bytes | None:
-        return show_bytes(self.repo, OLD_BASE_REF, path)
-
-    def new_file(self, path: str) -> bytes | None:
-        return show_bytes(self.repo, NEW_BASE_REF, path)
-
-    def ours(self, change: Change, path: str) -> bytes | None:
-        return show_bytes(self.repo, self.state.commits[change.id], path)
-
-    def added(self, path: str) -> bool:
-        return self.old_lock.base.get(path) == ABSENT
-
-    def renames(self) -> dict[str, list[tuple[str, int]]]:
-        """old path -> [(new path, similarity %)] that git detects between the two bases."""
-        if self._renames is None:
-            self._renames = renames_between(self.repo, OLD_BASE_REF, NEW_BASE_REF)
-        return self._renames
 
 
 def context(paths: Paths, state: State) -> Ctx:
@@ -377,6 +355,7 @@ def refuse_edits(paths: Paths) -> None:
 
 
 def where(state: State) -> str:
-    if state.pending:
-        return f"stopped at change {state.pending['id']} ({state.pending['kind']})"
+    stop = state.walk.get("stop")
+    if stop:
+        return f"stopped at change {stop['id']} on {stop['release']} ({stop['kind']})"
     return f"state {state.status}"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import html
 
-from vllm_overlay.track import classify
+from vllm_overlay.rebase import decide as classify
+from vllm_overlay.rebase import walk
+from vllm_overlay.track.outlook import GONE
 
 SHORT = {
     classify.KEPT: "kept",
@@ -14,6 +16,10 @@ SHORT = {
     classify.CONFLICT: "CONFLICT",
     classify.MOVED: "MOVED",
     classify.COLLISION: "COLLIDE",
+    walk.TESTS_FAILED: "UNPROVEN",
+    walk.RECORD: "record",
+    walk.WAITING: "waits",
+    GONE: "\u00b7",
 }
 COLOUR = {
     classify.KEPT: "32",  # green
@@ -22,6 +28,10 @@ COLOUR = {
     classify.CONFLICT: "31;1",  # bold red
     classify.MOVED: "35;1",  # bold magenta
     classify.COLLISION: "33;1",  # bold yellow
+    walk.TESTS_FAILED: "31;1",
+    walk.RECORD: "36",
+    walk.WAITING: "33",
+    GONE: "2",
 }
 LEGEND = {
     classify.KEPT: "applies unchanged (the exported patch is byte-identical)",
@@ -30,6 +40,10 @@ LEGEND = {
     classify.CONFLICT: "the three-way merge leaves conflict markers: a person resolves them",
     classify.MOVED: "a file it patches was renamed or deleted upstream",
     classify.COLLISION: "a file it adds now exists upstream, different from ours",
+    walk.TESTS_FAILED: "upstream has it, but its tests do not prove the drop there (--tests)",
+    walk.RECORD: "conflicts, and a resolution record resolves it (as the rebase would)",
+    walk.WAITING: "conflicts here, but a later release clears it: nobody is asked",
+    GONE: "dropped at an earlier release",
 }
 
 
@@ -80,11 +94,19 @@ def terminal(data: dict, *, colour: bool = False) -> str:
             lines += reasons
     for note in data.get("skipped", []):
         lines.append(f"note: {note}")
+    if data.get("targets"):
+        lines.append("")
+        lines.append("stops a person is asked about, per target: the walk | the direct jump")
+        for t in data["targets"]:
+            walked = ", ".join(f"{s['id']}@{s['release']}" for s in t["walk"]) or "-"
+            lines.append(f"  {t['version']:<{cell_w}} {len(t['walk'])} | {len(t['direct'])}"
+                         f"   {walked}")  # fmt: skip
     lines.append("")
     safe = data["safe_target"]
     if safe:
         lines.append(
-            f"safe target: {data['name']} {safe} (the newest release every change reaches cleanly)"
+            f"safe target: {data['name']} {safe} (the newest release the walk reaches without "
+            "asking a person)"
         )
     elif cols:
         lines.append("safe target: none (every newer release needs a person)")
@@ -98,7 +120,7 @@ def _reasons(data: dict) -> list[str]:
         groups: dict[str, list[str]] = {}
         for col in data["releases"]:
             o = next(x for x in col["outcomes"] if x["id"] == ch["id"])
-            if o["state"] == classify.KEPT:
+            if o["state"] in (classify.KEPT, GONE):
                 continue
             generic = o["reason"].replace(f"{data['name']} {col['version']}", f"{data['name']} V")
             why = f"{o['state']}: {generic}"
@@ -130,7 +152,8 @@ table.matrix{border-collapse:collapse}
 .matrix th.change{text-align:left}
 td.kept{background:#d7f5dc}td.refreshed{background:#d4f1f4}td.dropped{background:#dde6fb}
 td.conflict{background:#f9c9c9;font-weight:bold}td.moved{background:#efd0f5;font-weight:bold}
-td.collision{background:#fbe8b5;font-weight:bold}
+td.collision{background:#fbe8b5;font-weight:bold}td.record{background:#d4f1f4}
+td.waiting{background:#fdf3d0}td.gone{color:#999}td.tests-failed{background:#f9c9c9}
 td a{color:inherit;text-decoration:none;display:block}
 .t-ok{color:#11772b}.t-fail{color:#b00020;font-weight:bold}
 th.clean{background:#d7f5dc}th.safe{outline:3px solid #11772b}
@@ -151,7 +174,7 @@ def page(data: dict) -> str:
         f"<style>{CSS}</style></head><body>",
         f"<h1>{e(data['name'])} {e(data['pin'])}: outlook over {len(cols)} newer release(s)</h1>",
         f'<p id="safe-target">safe target: <b>{e(safe) if safe else "none"}</b> '
-        "(the newest release every change reaches cleanly)</p>",
+        "(the newest release the walk reaches without asking a person)</p>",
         '<table class="matrix" id="matrix"><thead><tr><th class="change">change</th>',
     ]
     for col in cols:

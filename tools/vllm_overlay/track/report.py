@@ -58,11 +58,15 @@ def markdown(rep: dict) -> str:
             extra = []
             if c.get("renamed"):
                 extra.append("moved " + ", ".join(f"{a} → {b}" for a, b in c["renamed"].items()))
-            run_ = c.get("test_run") or {}
+            proof = c.get("test_run") or {}
             if c["status"] == "tests-failed":
-                extra.append(f"its tests without it: {run_.get('summary', '')}")
-                if run_.get("first_error"):
-                    extra.append(f"first error: `{run_['first_error']}`")
+                extra.append(f"on {c.get('release')}, without it: {proof.get('text', '')}")
+                for run_ in (proof.get("runs") or {}).values():
+                    if run_.get("first_error"):
+                        extra.append(f"first error: `{run_['first_error']}`")
+            elif c.get("releases"):
+                steps = ", ".join(f"{v} {st}" for v, st in c["releases"].items())
+                extra.append(f"walk: {steps}")
             if c.get("problems"):
                 extra += [f"{p['path']}: {p['kind']}: {p['detail']}" for p in c["problems"]]
             cell = "; ".join(x for x in [why, *extra] if x).replace("|", "\\|")
@@ -72,8 +76,21 @@ def markdown(rep: dict) -> str:
     if dropped:
         out += ["## Dropped changes and their proof", ""]
         for c in dropped:
-            out.append(f"- `{c['id']}`: {c['reason']}")
+            out.append(f"- `{c['id']}`, at {name} {c['release']}: {c['reason']}")
             out.append(f"  - proof: {c['proof']}")
+        out.append("")
+    if r.get("path"):
+        out += ["## The walk", "",
+                f"Releases walked: {old} → " + " → ".join(r["path"]) + ".", ""]  # fmt: skip
+        for w in r.get("waited", []):
+            out.append(f"- not asked: `{w['id']}` at {w['release']} ({w['met']}): {w['reason']}")
+        proofs = r.get("proof_releases") or {}
+        if proofs:
+            out.append("- test environments for the proofs: " + ", ".join(
+                f"{v} ({secs:.0f} s)" for v, secs in sorted(proofs.items())))  # fmt: skip
+        if rep.get("walked_to"):
+            out.append(f"- this branch carries the walk up to {name} {rep['walked_to']} "
+                       "(upstream.lock and overlay/ moved there; the stop comes after it)")  # fmt: skip
         out.append("")
     if "suite" in rep:
         s = rep["suite"]
@@ -111,19 +128,21 @@ def markdown(rep: dict) -> str:
             out.append(f"- {step}")
         out += [
             "",
-            "To resume on your machine (the run's copy is a git worktree; your checkout and "
-            "branch stay as they are):",
+            "To resolve it on your machine, start from this branch: it carries the walk up "
+            "to the stop, and your checkout and branch stay as they are:",
             "",
             "```sh",
-            f"git fetch origin && git checkout {str(rep.get('base_commit', 'main'))[:12]}",
-            f"vllm-overlay track --to {new}        # remakes .work/track/vllm-{new} and stops "
-            "at the same place",
-            f"cd .work/track/vllm-{new}",
-            "# resolve in .work/vllm (inside the copy), then:",
+            f"git fetch origin && git switch -c {rep['branch']} origin/{rep['branch']}",
+            f"vllm-overlay rebase --to {new}     # walks on from the branch's pin, stops at "
+            "the same place",
+            "# resolve in .work/vllm as said above, then:",
             "vllm-overlay rebase --continue",
             "git add upstream.lock overlay && git commit -m "
             f"'Track {name} {new}: rebase the overlay from {old}'",
-            f"git push -u origin HEAD:{rep['branch']}",
+            f"git push origin HEAD:{rep['branch']}",
             "```",
+            "",
+            "Your resolution is recorded in overlay/resolutions/ on the branch; the next "
+            "tracking run reads it from there and does not ask again.",
         ]
     return "\n".join(out) + "\n"

@@ -23,12 +23,12 @@ from pathlib import Path
 
 from vllm_overlay import rebase
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.gitrepo import git, rev_parse
+from vllm_overlay.gitrepo import git, rev_parse, show_bytes
 from vllm_overlay.overlay.project import Project
+from vllm_overlay.rebase import records
 from vllm_overlay.rebase.releases import newer_releases, newest_release
 from vllm_overlay.track import report as track_report
-from vllm_overlay.track.classify import conflict_regions
-from vllm_overlay.util import exclusive_lock, info
+from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info
 
 UP_TO_DATE, READY, NEEDS_PERSON = "up-to-date", "ready", "needs-person"
 EXIT = {UP_TO_DATE: 0, READY: 0, NEEDS_PERSON: 1}
@@ -121,7 +121,9 @@ def track(
             rep.update(status=UP_TO_DATE, message=f"upstream.lock already pins {name} {pinned}.")
             track_report.write(rep, report_dir)
             return rep
+        earlier = _records_of_branch(project, f"track/vllm-{rel.version}")
         copy = _make_copy(project, rel.version)
+        _add_records(copy.project, earlier)
         rep.update(
             branch=copy.branch,
             worktree=str(copy.worktree),
@@ -142,7 +144,11 @@ def track(
         rep["rebase"] = result
         if result["status"] != "complete":
             rep["status"] = NEEDS_PERSON
-            rep["hunks"] = _hunks(checkout, result)
+            rep["hunks"] = _hunks(result)
+            rep["walked_to"] = _walk_up_to_the_stop(copy, result, index_url, test_python)
+            git("commit", "-q", "--no-verify", "--allow-empty", "-m", _stop_message(rep),
+                cwd=copy.worktree)  # fmt: skip
+            rep["commit"] = rev_parse(copy.worktree, "HEAD")
             track_report.write(rep, report_dir)
             return rep
         if suite:
@@ -157,17 +163,74 @@ def track(
         return rep
 
 
-def _hunks(checkout: Path, result: dict) -> dict[str, str]:
-    """The conflict regions left in the copy's checkout, per file."""
+def _hunks(result: dict) -> dict[str, str]:
+    """The conflict regions of the stop, per file."""
+    return dict((result.get("stopped_at") or {}).get("hunks") or {})
+
+
+def _walk_up_to_the_stop(copy: Copy, result: dict, index_url: str | None,
+                         test_python: str | None) -> str | None:  # fmt: skip
+    """Move the copy to the release before the stop, when the walk gets there without a
+    person, and stage it: the branch then starts the person at the stop. Returns that
+    release (None: the stop is at the first release, or the walk there stops too)."""
     stop = result.get("stopped_at") or {}
-    out = {}
-    for p in stop.get("problems", []):
-        f = checkout / p["path"]
-        if f.is_file():
-            regions = conflict_regions(f.read_bytes())
-            if regions:
-                out[p["path"]] = regions
-    return out
+    path = result.get("path") or []
+    if stop.get("release") not in path or path.index(stop["release"]) == 0:
+        rebase.abort(copy.project)
+        return None
+    before = path[path.index(stop["release"]) - 1]
+    rebase.abort(copy.project)
+    info(f"moving the branch to {before}, the release before the stop")
+    try:
+        got = rebase.start(copy.project, before, index_url=index_url,
+                           checkout=copy.project.default_checkout, test_python=test_python)  # fmt: skip
+    except OverlayError as e:
+        info(f"the walk to {before} did not complete ({e}); the branch stays at the pin")
+        return None
+    if got["status"] != "complete":
+        rebase.abort(copy.project)
+        return None
+    git("add", "-A", "--", str(copy.project.lock_path), str(copy.project.overlay_dir),
+        cwd=copy.worktree)  # fmt: skip
+    return before
+
+
+def _stop_message(rep: dict) -> str:
+    stop = (rep["rebase"].get("stopped_at") or {}) if rep.get("rebase") else {}
+    where = rep.get("walked_to") or rep["from"]
+    lines = [f"Track {rep['name']} {rep['to']}: the walk up to the stop ({where})", ""]
+    if stop:
+        lines.append(f"Stopped at change {stop.get('id')} on {stop.get('release')} "
+                     f"({stop.get('status')}); see the pull request for what to do.")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _records_of_branch(project: Project, branch: str) -> dict[str, bytes]:
+    """The resolution records on an earlier run's branch (local, or fetched from origin)."""
+    root = _repo_root(project)
+    rel = project.overlay_dir.resolve().relative_to(root.resolve()) / records.DIR
+    for ref in (f"refs/heads/{branch}", f"refs/remotes/origin/{branch}"):
+        if rev_parse(root, ref) is None:
+            continue
+        out = git("ls-tree", "-r", "--name-only", ref, "--", rel.as_posix(), cwd=root, check=False)
+        found = {}
+        for name in out.stdout.splitlines():
+            data = show_bytes(root, ref, name)
+            if data is not None:
+                found[Path(name).relative_to(rel).as_posix()] = data
+        return found
+    return {}
+
+
+def _add_records(project: Project, found: dict[str, bytes]) -> None:
+    """Put an earlier run's records into the copy's overlay (a resolution a person made on
+    the branch is not asked again)."""
+    for rel, data in found.items():
+        target = project.overlay_dir / records.DIR / rel
+        if not target.exists():
+            atomic_write_bytes(target, data)
+    if found:
+        info(f"read {len(found)} resolution record(s) from the previous tracking branch")
 
 
 def _suite(project: Project, index_url: str | None) -> dict:

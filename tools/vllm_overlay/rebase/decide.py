@@ -13,18 +13,16 @@ detection (``git diff --no-index -M``), so that every release takes a fraction o
 - **kept**: the change merges and its exported patch is byte-identical;
 - **refreshed**: it merges cleanly with new context.
 
-Changes are taken in series order on the release's tree as the earlier changes leave it: a
-kept or refreshed change's result is what the next change sees, a dropped or stopped change
-leaves upstream's file (a note says when a later change depends on a stop's resolution).
-The rebase does this same work with a full checkout; this module is the fast twin the
-outlook uses (see docs/tracking.md for the one known difference: rename candidates are
-looked for among files with the same suffix).
+This is the one decision of the tool: the walk (``rebase/walk.py``) calls ``decide`` for each
+change at each release, for ``rebase``, ``track`` and ``outlook`` alike. A change is judged in
+its current form (its files before and after it, as the walk last carried it) on the
+release's files as the changes before it leave them. Rename candidates are looked for among
+the release's new files with the same suffix.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -64,6 +62,7 @@ class Outcome:
     candidates: dict[str, list[list]] = field(default_factory=dict)  # moved: path -> [[p, %]]
     notes: list[str] = field(default_factory=list)
     merged: dict[str, bytes | None] = field(default_factory=dict, repr=False)  # clean results
+    conflicted: dict[str, bytes] = field(default_factory=dict, repr=False)  # diff3 results
 
     def to_json(self) -> dict:
         return {
@@ -194,49 +193,29 @@ def conflict_regions(merged: bytes) -> str:
     return "".join(out)
 
 
-def classify_release(
-    steps: list[Step],
-    *,
-    name: str,
-    old_version: str,
-    version: str,
-    new_files: Files,
-    old_names: frozenset[str],
-    new_names: frozenset[str],
-    read_new: Callable[[list[str]], Files],
-) -> list[Outcome]:
-    """Every change of the series on ``version`` (``new_files``: its touched files)."""
-    state: dict[str, bytes | None] = dict(new_files)
-    stopped: dict[str, str] = {}  # path -> the stopped change that leaves it unresolved
-    labels = (f"{name} {version}", f"{name} {old_version}", "our change")
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-outlook-") as tmp:
-        scratch = Scratch(Path(tmp))
-        out = []
-        for step in steps:
-            o = _classify(step, scratch, state, name, version, labels, old_names, new_names,
-                          read_new)  # fmt: skip
-            waits = sorted({stopped[p] for p in step.change.files if p in stopped})
-            if waits:
-                o.notes.append(
-                    "assumes upstream's file where " + ", ".join(waits) + " stopped (its "
-                    "resolution may change this)"
-                )
-            if o.state in (KEPT, REFRESHED):
-                state.update(o.merged)
-            elif o.state not in CLEAN:
-                for p in step.change.files:
-                    stopped.setdefault(p, step.change.id)
-            out.append(o)
-        return out
+@dataclass(frozen=True)
+class Release:
+    """The release a change is judged on: its name and version, the names of every file in
+    its tree, and a reader for files the change does not touch (rename candidates)."""
+
+    name: str
+    version: str
+    names: frozenset[str]
+    read: Callable[[list[str]], Files]
+
+    @property
+    def where(self) -> str:
+        return f"{self.name} {self.version}"
 
 
-def _classify(
-    step: Step, scratch: Scratch, state: dict[str, bytes | None], name: str, version: str,
-    labels: tuple[str, str, str], old_names: frozenset[str], new_names: frozenset[str],
-    read_new: Callable[[list[str]], Files],
-) -> Outcome:  # fmt: skip
+def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: frozenset[str],
+           labels: tuple[str, str, str]) -> Outcome:  # fmt: skip
+    """The one decision: where ``step`` (a change in its current form) lands on ``state``
+    (the release's files as the changes before it leave them). ``labels`` name the three
+    sides of git's diff3 markers: (the release, the change's base, our change)."""
     change = step.change
-    where = f"{name} {version}"
+    where = rel.where
+    name, version, new_names, read_new = rel.name, rel.version, rel.names, rel.read
     if change.dropped_by(name, version):
         return Outcome(change.id, DROPPED, f"drop_when {change.drop_when} holds for {where}")
     how = _contained(step, scratch, state)
@@ -274,6 +253,7 @@ def _classify(
         merged, conflicts = scratch.merge(new, before, after, labels)
         if conflicts:
             o.hunks[path] = conflict_regions(merged)
+            o.conflicted[path] = merged
             problems[path] = (
                 f"{CONFLICT}: {where} and our change edit the same lines "
                 f"({conflicts} conflict{'s' if conflicts != 1 else ''})"
@@ -285,8 +265,7 @@ def _classify(
         o.state = MOVED if MOVED in kinds else COLLISION if COLLISION in kinds else CONFLICT
         o.files = sorted(problems)
         o.reason = "; ".join(f"{p}: {problems[p].split(': ', 1)[1]}" for p in o.files)
-        o.merged = {}
-        return o
+        return o  # merged: the files that did merge (a stop writes them for the person)
     if all(o.merged[p] == state.get(p) for p in change.files):
         return Outcome(change.id, DROPPED, f"the three-way merge onto {where} changes nothing: "
                        "upstream already has it")  # fmt: skip
@@ -311,7 +290,7 @@ def _classify(
     return o
 
 
-def _contained(step: Step, scratch: Scratch, state: dict[str, bytes | None]) -> list[str] | None:
+def _contained(step: Step, scratch: Scratch, state: Files) -> list[str] | None:
     """How the release already holds the change (None: it does not). Test files the change
     adds and lists in its tests are not required (upstream seldom takes our tests as they
     are; they run against the release as the proof)."""

@@ -1,0 +1,417 @@
+"""The walk: a rebase through every release between the pin and the target, on synthetic
+upstream histories (real git, real sdists on a real index on loopback, real pytest proofs).
+
+Each history below is a run of releases one after another, as upstream makes them; the
+overlay is conftest's (change ``group-block-size``: a patch of the connector plus an added test
+file), pinned to 1.0.0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import FIXED_CONNECTOR_SNIPPET, Proj, pinned_project, run_cli, tree_snapshot, unified
+from synthetic import ADDED_TEST, CONNECTOR, EXTRACT, make_upstream, release_files
+
+CID = "group-block-size"
+SECOND = "extract-comment"
+BASE = release_files("1.0.0")
+CONN = BASE[CONNECTOR]
+OLD_LINE = "        self._block_size = cache_config.block_size\n"
+REWRITTEN = "        self._block_size = int(cache_config.block_size)\n"
+ELSEWHERE = "\n    def name(self):\n        return 'upstream'\n"
+EXTRACT_LINE = "    block_size = len(kv_cache[0])\n"
+UPSTREAM_TEST = "tests/test_upstream_group.py"
+UPSTREAM_TEST_BODY = """\
+def test_upstream_group():
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        {cls} as C,
+    )
+
+    class Cfg:
+        block_size = 8
+        group_block_size = 2
+
+    assert C(Cfg()).slots([1])[0] == 2
+"""
+
+
+def tree(connector: str = CONN, **more: str) -> dict[str, str]:
+    files = dict(BASE)
+    files[CONNECTOR] = connector
+    files.update({k.replace("__", "/"): v for k, v in more.items()})
+    return files
+
+
+FIXED = CONN.replace(*FIXED_CONNECTOR_SNIPPET)
+RENAMED_CLASS = FIXED.replace("class Connector:", "class HiddenStatesConnector:")
+
+HISTORIES = {
+    # Upstream merges our fix in 1.0.1 (with its own test), then renames the class in 1.1.0,
+    # so our test of it no longer imports: the walk drops the change at 1.0.1, proven there.
+    "drop": {
+        "1.0.0": tree(),
+        "1.0.1": {**tree(FIXED), UPSTREAM_TEST: UPSTREAM_TEST_BODY.format(cls="Connector")},
+        "1.1.0": {
+            **tree(RENAMED_CLASS),
+            UPSTREAM_TEST: UPSTREAM_TEST_BODY.format(cls="HiddenStatesConnector"),
+        },
+    },
+    # Upstream edits elsewhere in 1.0.1, rewrites our line in 1.1.0 (the first conflict), and
+    # in 1.2.0 rewrites the line the second change touches.
+    "stop": {
+        "1.0.0": tree(),
+        "1.0.1": tree(CONN + ELSEWHERE),
+        "1.1.0": tree(CONN.replace(OLD_LINE, REWRITTEN) + ELSEWHERE),
+        "1.2.0": {
+            **tree(CONN.replace(OLD_LINE, REWRITTEN) + ELSEWHERE),
+            EXTRACT: BASE[EXTRACT].replace(EXTRACT_LINE, "    block_size = kv_cache.shape[1]\n"),
+        },
+    },
+    # 1.1.0 rewrites our line, 1.2.0 puts it back: a conflict a later release undoes.
+    "undone": {
+        "1.0.0": tree(),
+        "1.1.0": tree(CONN.replace(OLD_LINE, REWRITTEN)),
+        "1.2.0": tree(CONN + ELSEWHERE),
+    },
+    # 1.1.0 rewrites our line, 1.2.0 has the fix: the change drops at 1.2.0, not asked at 1.1.0.
+    "fixed_later": {
+        "1.0.0": tree(),
+        "1.1.0": tree(CONN.replace(OLD_LINE, REWRITTEN)),
+        "1.2.0": tree(FIXED),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def histories(tmp_path_factory):
+    return {
+        name: make_upstream(tmp_path_factory.mktemp(f"walk-{name}"), trees=trees)
+        for name, trees in HISTORIES.items()
+    }
+
+
+@pytest.fixture
+def make_proj(tmp_path: Path, histories):
+    made = []
+
+    def make(history: str) -> Proj:
+        cm = pinned_project(histories[history], tmp_path / f"project-{len(made)}")
+        made.append(cm)
+        return cm.__enter__()
+
+    yield make
+    for cm in made:
+        cm.__exit__(None, None, None)
+
+
+def rebase(p: Proj, *args: str, env: dict | None = None):
+    if env:
+        return _subprocess(p, "rebase", *args, env=env)
+    return run_cli("rebase", *args, cwd=p.root)
+
+
+def to(p: Proj, version: str, *extra: str):
+    commit = p.upstream.releases[version].commit
+    return rebase(p, "--to", version, "--commit", commit, "--index-url", p.index.url, "--json",
+                  *extra)  # fmt: skip
+
+
+def _subprocess(p: Proj, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_overlay", *args], cwd=p.root, capture_output=True,
+        text=True, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def set_toml(p: Proj, old: str, new: str) -> None:
+    toml = p.overlay / "overlay.toml"
+    text = toml.read_text()
+    assert old in text
+    toml.write_text(text.replace(old, new))
+
+
+def add_second_change(p: Proj) -> None:
+    old = BASE[EXTRACT]
+    new = old.replace(EXTRACT_LINE, EXTRACT_LINE.rstrip("\n") + "  # ours\n")
+    patch = p.change_file(EXTRACT + ".patch", SECOND)
+    patch.parent.mkdir(parents=True, exist_ok=True)
+    patch.write_text(unified(EXTRACT, old, new))
+    with open(p.overlay / "overlay.toml", "a") as f:
+        f.write(
+            "\n[[change]]\n"
+            f'id = "{SECOND}"\n'
+            'title = "A second change"\n'
+            'why = "ordering"\n'
+            'origin = "https://github.com/vllm-project/vllm/pull/1"\n'
+            'upstream_status = "open"\n'
+            'drop_when = "vllm>=9"\n'
+            f'files = ["{EXTRACT}"]\n'
+            "tests = []\n"
+        )
+    assert p.pin("1.0.0").rc == 0
+
+
+def snapshot(p: Proj) -> dict[str, bytes]:
+    snap = {"upstream.lock": p.lock.read_bytes()}
+    snap.update({f"overlay/{k}": v for k, v in tree_snapshot(p.overlay).items()})
+    return snap
+
+
+def overlay_toml(p: Proj) -> dict:
+    return tomllib.loads((p.overlay / "overlay.toml").read_text())
+
+
+def checkout(p: Proj) -> Path:
+    return p.root / ".work" / "vllm"
+
+
+def resolve_stop(p: Proj) -> None:
+    """The person's resolution of group-block-size at 1.1.0: upstream's int() and our group."""
+    f = checkout(p) / CONNECTOR
+    text = f.read_text()
+    assert "<<<<<<< vllm 1.1.0\n" in text
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n")
+    end += len(">>>>>>> our change\n")
+    fixed = ("        self._block_size = int(getattr(cache_config, 'group_block_size', "
+             "cache_config.block_size))\n")  # fmt: skip
+    f.write_text(text[:start] + fixed + text[end:])
+
+
+# --------------------------------------------------------------------------------------------
+# Drops: at the first release that has the change, proven there
+
+
+def test_drop_at_the_first_release_that_has_it_proven_there(make_proj):
+    p = make_proj("drop")
+    res = to(p, "1.1.0")
+    assert res.rc == 0, res.err
+    rep = json.loads(res.out)
+    assert rep["path"] == ["1.0.1", "1.1.0"]
+    [d] = rep["dropped"]
+    assert d["id"] == CID and d["release"] == "1.0.1"
+    assert "applies in reverse" in d["reason"] and "passed against vllm 1.0.1" in d["proof"]
+    assert rep["stops"] == [] and rep["proof_releases"].keys() == {"1.0.1"}
+    [rec] = overlay_toml(p)["dropped"]
+    assert rec["id"] == CID and rec["dropped_in"] == "1.0.1"
+    assert "passed against vllm 1.0.1" in rec["proof"]
+    assert tomllib.loads(p.lock.read_text())["upstream"]["version"] == "1.1.0"
+
+
+def test_the_direct_jump_stops_where_the_walk_does_not(make_proj):
+    """At 1.1.0 our test no longer imports (upstream renamed the class): the direct jump
+    cannot prove the drop and stops; the walk proved it at 1.0.1."""
+    p = make_proj("drop")
+    before = snapshot(p)
+    res = to(p, "1.1.0", "--direct")
+    assert res.rc == 1
+    rep = json.loads(res.out)
+    stop = rep["stopped_at"]
+    assert stop["status"] == "tests-failed" and stop["release"] == "1.1.0"
+    assert rep["stops"] == [{"release": "1.1.0", "id": CID, "kind": "tests-failed"}]
+    assert rebase(p, "--abort").rc == 0
+    assert snapshot(p) == before
+
+
+def test_upstream_tests_prove_a_drop_our_test_can_no_longer_reach(make_proj):
+    p = make_proj("drop")
+    set_toml(p, f'tests = ["{ADDED_TEST}"]',
+             f'tests = ["{ADDED_TEST}"]\nupstream_tests = ["{UPSTREAM_TEST}"]')  # fmt: skip
+    assert p.pin("1.0.0").rc == 0
+    res = to(p, "1.1.0", "--direct")
+    assert res.rc == 0, res.err
+    [d] = json.loads(res.out)["dropped"]
+    assert d["release"] == "1.1.0"
+    assert f"upstream's own {UPSTREAM_TEST} passed" in d["proof"]
+    assert "can no longer be collected" in d["proof"]
+
+
+def test_the_walk_proof_names_upstream_tests_too(make_proj):
+    p = make_proj("drop")
+    set_toml(p, f'tests = ["{ADDED_TEST}"]',
+             f'tests = ["{ADDED_TEST}"]\nupstream_tests = ["{UPSTREAM_TEST}"]')  # fmt: skip
+    assert p.pin("1.0.0").rc == 0
+    res = to(p, "1.1.0")
+    assert res.rc == 0, res.err
+    [d] = json.loads(res.out)["dropped"]
+    assert d["release"] == "1.0.1"
+    assert "passed against vllm 1.0.1" in d["proof"]
+    assert f"upstream's own {UPSTREAM_TEST} passed" in d["proof"]
+
+
+# --------------------------------------------------------------------------------------------
+# Stops: at the first conflicting release; never more than the direct jump
+
+
+def test_stop_at_the_first_conflicting_release_then_continue(make_proj):
+    p = make_proj("stop")
+    before = snapshot(p)
+    res = to(p, "1.2.0")
+    assert res.rc == 1
+    rep = json.loads(res.out)
+    assert rep["path"] == ["1.0.1", "1.1.0", "1.2.0"]
+    stop = rep["stopped_at"]
+    assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
+    assert snapshot(p) == before
+    # the checkout shows 1.1.0 (upstream's method from 1.0.1 is there), not the target
+    text = (checkout(p) / CONNECTOR).read_text()
+    assert "def name(self)" in text and "|||||||" in text
+    resolve_stop(p)
+    res = rebase(p, "--continue", "--json")
+    assert res.rc == 0, res.err
+    rep = json.loads(res.out)
+    assert rep["status"] == "complete" and rep["resolved"] == [CID]
+    [change] = [c for c in rep["changes"] if c["id"] == CID]
+    assert change["releases"] == {"1.0.1": "kept", "1.1.0": "resolved", "1.2.0": "kept"}
+    patch = p.change_file(CONNECTOR + ".patch").read_text()
+    assert "+        self._block_size = int(getattr(" in patch
+    # the person's resolution is recorded in the overlay, for review
+    recs = list((p.overlay / "resolutions" / CID).glob("*.json"))
+    assert len(recs) == 1
+    rec = json.loads(recs[0].read_text())
+    assert rec["release"] == "1.1.0" and rec["scope"] == "hunk"
+    assert "".join(rec["release_side"]) == REWRITTEN
+    assert run_cli("export", "--check", cwd=p.root).rc == 0
+    assert run_cli("apply", "--checkout", p.root / "fresh", "--index-url", p.index.url,
+                   cwd=p.root).rc == 0  # fmt: skip
+
+
+def test_the_same_conflict_is_asked_once(make_proj):
+    """Resolved at 1.1.0, then the walk stops again at 1.2.0 (the second change) and is
+    aborted: the next rebase applies the record (its tests pass) and asks only about 1.2.0."""
+    p = make_proj("stop")
+    add_second_change(p)
+    before = snapshot(p)
+    assert to(p, "1.2.0").rc == 1
+    resolve_stop(p)
+    res = rebase(p, "--continue", "--json")
+    assert res.rc == 1
+    stop = json.loads(res.out)["stopped_at"]
+    assert (stop["id"], stop["release"]) == (SECOND, "1.2.0")
+    assert rebase(p, "--abort").rc == 0
+    assert snapshot(p) == before  # byte for byte; the record survives in .work/
+    res = to(p, "1.2.0")
+    assert res.rc == 1
+    rep = json.loads(res.out)
+    assert rep["stopped_at"]["id"] == SECOND
+    assert rep["stops"] == [{"release": "1.2.0", "id": SECOND, "kind": "conflict"}]
+    [change] = [c for c in rep["changes"] if c["id"] == CID]
+    assert change["releases"]["1.1.0"] == "record"
+    assert rep["proof_releases"].keys() == {"1.1.0"}  # its tests ran there, with the record
+
+
+def test_a_record_that_does_not_match_is_not_applied(make_proj, tmp_path):
+    from vllm_overlay.rebase import records
+
+    p = make_proj("stop")
+    other = "        self._block_size = cache_config.block_size * 2\n"
+    made = records.derive(
+        CID, CONNECTOR, "1.1.0",
+        f"<<<<<<< a\n{other}||||||| b\n{OLD_LINE}=======\nours\n>>>>>>> c\n".encode(),
+        b"resolved\n", (other.encode(), OLD_LINE.encode(), b"ours\n"),
+    )  # fmt: skip
+    for rec in made:
+        records.save(p.root / ".work" / "resolutions", rec)
+    # and a record edited by hand: the right key, other sides
+    right = records.key_of(REWRITTEN, OLD_LINE, FIXED_CONNECTOR_SNIPPET[1])
+    forged = records.Record(CID, right, CONNECTOR, "1.1.0", "hunk", REWRITTEN, OLD_LINE,
+                            "something else\n", "forged\n")  # fmt: skip
+    records.save(p.root / ".work" / "resolutions", forged)
+    res = to(p, "1.2.0")
+    assert res.rc == 1
+    stop = json.loads(res.out)["stopped_at"]
+    assert (stop["id"], stop["release"]) == (CID, "1.1.0")
+    assert "forged" not in (checkout(p) / CONNECTOR).read_text()
+
+
+def test_a_conflict_a_later_release_undoes_is_not_asked(make_proj):
+    p = make_proj("undone")
+    res = to(p, "1.2.0")
+    assert res.rc == 0, res.err
+    rep = json.loads(res.out)
+    assert rep["stops"] == []
+    [w] = rep["waited"]
+    assert (w["id"], w["release"], w["met"]) == (CID, "1.1.0", "conflict")
+    [change] = [c for c in rep["changes"] if c["id"] == CID]
+    assert change["releases"] == {"1.1.0": "waiting", "1.2.0": "kept"}
+
+
+def test_a_change_that_drops_by_the_target_is_not_resolved_on_the_way(make_proj):
+    p = make_proj("fixed_later")
+    res = to(p, "1.2.0")
+    assert res.rc == 0, res.err
+    rep = json.loads(res.out)
+    assert rep["stops"] == []
+    [d] = rep["dropped"]
+    assert d["release"] == "1.2.0" and "applies in reverse" in d["reason"]
+    assert "passed against vllm 1.2.0" in d["proof"]
+    [w] = rep["waited"]
+    assert (w["id"], w["release"]) == (CID, "1.1.0") and "it drops there" in w["reason"]
+
+
+def test_walk_to_the_conflicting_release_stops_like_the_jump(make_proj):
+    p = make_proj("undone")
+    walked = to(p, "1.1.0")
+    assert walked.rc == 1
+    assert json.loads(walked.out)["stops"] == [{"release": "1.1.0", "id": CID, "kind": "conflict"}]
+    assert rebase(p, "--abort").rc == 0
+    jumped = to(p, "1.1.0", "--direct")
+    assert json.loads(jumped.out)["stops"] == [{"release": "1.1.0", "id": CID, "kind": "conflict"}]
+
+
+# --------------------------------------------------------------------------------------------
+# Abort and kill
+
+
+def test_abort_in_the_middle_of_a_walk_restores_everything(make_proj):
+    p = make_proj("stop")
+    assert run_cli("apply", "--index-url", p.index.url, cwd=p.root).rc == 0
+    co = checkout(p)
+    before = snapshot(p)
+    co_before = {k: v for k, v in tree_snapshot(co).items() if not k.startswith(".git/")}
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=co, capture_output=True,
+                          text=True).stdout  # fmt: skip
+    assert to(p, "1.2.0").rc == 1
+    resolve_stop(p)  # the person started resolving; then gave up
+    assert rebase(p, "--abort").rc == 0
+    assert snapshot(p) == before
+    assert {k: v for k, v in tree_snapshot(co).items() if not k.startswith(".git/")} == co_before
+    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=co, capture_output=True,
+                          text=True).stdout == head  # fmt: skip
+    assert not (p.root / ".work" / "rebase").exists()
+
+
+def _final(p: Proj) -> dict[str, bytes]:
+    return snapshot(p)
+
+
+def test_sigkill_at_any_step_resumes_with_continue(make_proj):
+    """Killed right after each verdict of the walk in turn, the rebase goes on with --continue
+    to the same result as a run never killed."""
+    ref = make_proj("drop")
+    add_second_change(ref)
+    assert to(ref, "1.1.0").rc == 0
+    want = _final(ref)
+    steps = json.loads(to(ref, "1.1.0").out or "{}")  # noop now
+    assert steps.get("status") == "noop"
+    n = 4  # verdicts: 1.0.1 (drop, kept), 1.1.0 (kept); and the finish after the last
+    for k in range(1, n + 1):
+        p = make_proj("drop")
+        add_second_change(p)
+        commit = p.upstream.releases["1.1.0"].commit
+        out = _subprocess(p, "rebase", "--to", "1.1.0", "--commit", commit, "--index-url",
+                          p.index.url, env={"VLLM_OVERLAY_KILL_AT_STEP": str(k)})  # fmt: skip
+        if out.returncode == 0:  # fewer verdicts than k: it completed
+            assert _final(p) == want
+            continue
+        assert out.returncode == -9, out.stderr
+        res = _subprocess(p, "rebase", "--continue", "--json")
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["status"] == "complete"
+        assert _final(p) == want, f"killed after verdict {k}"

@@ -1,0 +1,471 @@
+"""The walk: the series carried from the pin to a target, one release at a time.
+
+This is the one state machine behind ``rebase``, ``track`` and ``outlook``. It reads top to
+bottom as what it does:
+
+    for each release on the path (every final release after the pin, up to the target;
+    ``--direct``: the target alone):
+        the release's files, as the earlier changes leave them (``tree``)
+        for each change still carried, in overlay.toml order:
+            waiting for a later release?          -> leave upstream's files; next change
+            decide(change in its current form, tree)        (rebase/decide.py, one decision)
+            dropped   -> prove it on this release's pristine tree (its tests, and upstream's
+                         own tests of the backport); proven: gone from the series;
+                         not proven: STOP (tests-failed)
+            kept, refreshed -> its new form is its files here; the tree takes them
+            conflict, moved, collision:
+                every hunk has a resolution record  -> apply; its tests pass here: carried
+                a later release up to the target clears it (drops it, or merges it)
+                                                     -> wait for that release: not asked
+                otherwise                            -> STOP here, the first release where
+                                                        upstream touches our lines
+
+A stop is settled by the person (``settle``: their files become the change's form at that
+release) or by the proof passing again; then the walk goes on from that change. Every verdict
+is kept (``cells``), so the report says at which release each change dropped, with which
+proof, and the outlook shows the same walk as a matrix.
+
+The walk is plain data (``Walk``) saved after every step: its files are blobs kept by
+content (``Blobs``), so a walk killed at any step goes on from the last one saved. What the
+walk needs from outside is a ``Host``: the files of a release, and the proofs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from vllm_overlay.overlay.model import Change
+from vllm_overlay.rebase import decide, records
+from vllm_overlay.util import atomic_write_bytes, sha256_bytes
+
+# The verdicts of a cell, beyond decide's: a resolution record applied; waiting for a later
+# release that clears the conflict; a stop (the person's); settled by the person.
+RECORD, WAITING, STOPPED, RESOLVED, UNRESOLVED = (
+    "record",
+    "waiting",
+    "stopped",
+    "resolved",
+    "unresolved",
+)
+TESTS_FAILED = "tests-failed"
+CARRIED = (decide.KEPT, decide.REFRESHED, RECORD, RESOLVED)
+
+
+# ---------------------------------------------------------------------------------------------
+# Blobs: file contents by sha256
+
+
+class Blobs:
+    """File contents by their sha256: in a directory (a rebase) or in memory (the outlook)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root
+        self.mem: dict[str, bytes] = {}
+
+    def put(self, data: bytes | None) -> str | None:
+        if data is None:
+            return None
+        key = sha256_bytes(data)
+        if self.root is None:
+            self.mem[key] = data
+        elif not (self.root / key).is_file():
+            atomic_write_bytes(self.root / key, data)
+        return key
+
+    def get(self, key: str | None) -> bytes | None:
+        if key is None:
+            return None
+        if self.root is None:
+            return self.mem[key]
+        return (self.root / key).read_bytes()
+
+    def files(self, keys: dict[str, str | None]) -> dict[str, bytes | None]:
+        return {p: self.get(k) for p, k in keys.items()}
+
+    def keys(self, files: dict[str, bytes | None]) -> dict[str, str | None]:
+        return {p: self.put(d) for p, d in files.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The walk's data
+
+
+@dataclass
+class Form:
+    """A change as the walk carries it: its files, its tests, and those files before and after
+    it at the release it was last carried to (``at``; blob keys, None: absent)."""
+
+    files: list[str]
+    tests: list[str]
+    at: str
+    before: dict[str, str | None]
+    after: dict[str, str | None]
+
+
+@dataclass
+class Walk:
+    name: str
+    pin: str
+    path: list[str]  # the releases walked, oldest first; the last is the target
+    order: list[str]  # the series' change ids
+    forms: dict[str, Form]
+    pos: int = 0  # index into path
+    next: int = 0  # index into order, within the release
+    tree: dict[str, str | None] = field(default_factory=dict)  # the release + changes < next
+    gone: dict[str, dict] = field(default_factory=dict)  # dropped: id -> record
+    waiting: dict[str, str] = field(default_factory=dict)  # id -> the release that clears it
+    unresolved: list[str] = field(default_factory=list)  # outlook: stops nobody settled
+    cells: list[dict] = field(default_factory=list)  # every verdict, in walk order
+    records_used: list[str] = field(default_factory=list)  # keys of resolution records
+    stop: dict | None = None
+    done: bool = False
+
+    @property
+    def target(self) -> str:
+        return self.path[-1]
+
+    @property
+    def release(self) -> str:
+        return self.path[self.pos]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Walk:
+        data = dict(data)
+        data["forms"] = {k: Form(**v) for k, v in data["forms"].items()}
+        return cls(**data)
+
+    def cell(self, change_id: str, release: str) -> dict | None:
+        found = [c for c in self.cells if c["id"] == change_id and c["release"] == release]
+        return found[-1] if found else None
+
+    def stops(self) -> list[dict]:
+        """Every stop a person met or would meet (settled ones included)."""
+        return [c for c in self.cells if c.get("stop")]
+
+
+class Proof(Protocol):
+    ok: bool
+    text: str
+
+    def to_json(self) -> dict: ...
+
+
+class Host(Protocol):
+    """What the walk needs from outside."""
+
+    def files(self, version: str, paths: list[str]) -> dict[str, bytes | None]:
+        """The release's files at ``paths`` (None: absent), pristine."""
+
+    def names(self, version: str) -> frozenset[str]:
+        """Every file name of the release's tree."""
+
+    def prove_drop(self, version: str, change: Change, ours: dict[str, bytes]) -> Proof | None:
+        """The change's tests (``ours``: its own test files) and its upstream tests on the
+        release's pristine tree; None: not run (the outlook)."""
+
+    def prove_carried(self, version: str, change: Change, tree: dict[str, bytes | None]
+                      ) -> Proof | None:  # fmt: skip
+        """The change's tests on the release with ``tree`` (the series' files) written over
+        it; None: not run (the outlook)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+@dataclass
+class Walker:
+    """One walk in motion: its data, the blobs, the host, the resolution records."""
+
+    walk: Walk
+    blobs: Blobs
+    host: Host
+    changes: dict[str, Change]
+    records: dict[str, records.Record]
+    stop_at_conflicts: bool = True  # False: the outlook (a stop is noted, the walk goes on)
+    on_step: object = None  # called after every step (the rebase saves its state)
+    made: list[records.Record] = field(default_factory=list)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> Walk:
+        w = self.walk
+        while not w.done and w.stop is None:
+            if w.next == 0:
+                w.tree = self.blobs.keys(self.host.files(w.release, self._paths()))
+            if w.next < len(w.order):
+                self._step(w.order[w.next])
+                if w.stop is None:
+                    w.next += 1
+            else:
+                w.pos, w.next = w.pos + 1, 0
+                w.done = w.pos == len(w.path)
+                if w.done:
+                    w.pos -= 1
+            self._saved()
+        return w
+
+    def _saved(self) -> None:
+        if callable(self.on_step):
+            self.on_step()
+
+    def _paths(self) -> list[str]:
+        w = self.walk
+        return sorted({p for cid, f in w.forms.items() if cid not in w.gone for p in f.files})
+
+    def _step(self, cid: str) -> None:
+        w, rel = self.walk, self.walk.release
+        if cid in w.gone:
+            return
+        if cid in w.waiting and w.waiting[cid] != rel:
+            self._cell(cid, WAITING, f"waits for {w.name} {w.waiting[cid]}, which clears it")
+            return
+        w.waiting.pop(cid, None)
+        o = self._decide(cid, rel, self._tree(w.forms[cid].files))
+        if o.state == decide.DROPPED:
+            self._drop(cid, o)
+        elif o.state in (decide.KEPT, decide.REFRESHED):
+            self._carry(cid, o.merged, o.state, o.reason, notes=o.notes)
+        else:
+            self._conflict(cid, o)
+
+    def _tree(self, paths: list[str]) -> dict[str, bytes | None]:
+        """The release's files as the changes so far leave them, ``paths`` among them."""
+        w = self.walk
+        missing = [p for p in paths if p not in w.tree]
+        if missing:
+            w.tree.update(self.blobs.keys(self.host.files(w.release, missing)))
+        return self.blobs.files(w.tree)
+
+    def _decide(self, cid: str, rel: str, tree: dict[str, bytes | None]) -> decide.Outcome:
+        w = self.walk
+        form = w.forms[cid]
+        change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))
+        step = decide.Step(change, self.blobs.files(form.before), self.blobs.files(form.after))
+        labels = (f"{w.name} {rel}", f"{w.name} {form.at}", "our change")
+        r = decide.Release(w.name, rel, self.host.names(rel), lambda ps: self.host.files(rel, ps))
+        with tempfile.TemporaryDirectory(prefix="vllm-overlay-walk-") as tmp:
+            return decide.decide(step, decide.Scratch(Path(tmp)), tree, r,
+                                 self.host.names(form.at), labels)  # fmt: skip
+
+    # -- verdicts ------------------------------------------------------------------------
+
+    def _cell(self, cid: str, state: str, reason: str, **more: object) -> dict:
+        c = {"release": self.walk.release, "id": cid, "state": state, "reason": reason, **more}
+        self.walk.cells.append(c)
+        return c
+
+    def _carry(self, cid: str, files: dict[str, bytes | None], state: str, reason: str,
+               **more: object) -> None:  # fmt: skip
+        w = self.walk
+        form = w.forms[cid]
+        tree = self._tree(list(files))
+        before = {p: tree.get(p) for p in files}
+        kept = [p for p in files if files[p] != before[p]] or list(files)
+        w.forms[cid] = Form(
+            files=kept,
+            tests=list(form.tests),
+            at=w.release,
+            before=self.blobs.keys({p: before[p] for p in kept}),
+            after=self.blobs.keys({p: files[p] for p in kept}),
+        )
+        w.tree.update(self.blobs.keys(files))
+        if cid in w.unresolved:
+            w.unresolved.remove(cid)
+        self._cell(cid, state, reason, **more)
+
+    def _drop(self, cid: str, o: decide.Outcome) -> None:
+        w = self.walk
+        form = w.forms[cid]
+        change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))
+        own = {t.partition("::")[0] for t in form.tests}
+        ours = {p: d for p, d in self.blobs.files(form.after).items() if p in own and d}
+        proof = self.host.prove_drop(w.release, change, ours)
+        if proof is not None and not proof.ok:
+            self._stop(cid, TESTS_FAILED, o.reason, proof=proof.to_json())
+            return
+        text = proof.text if proof is not None else "not proven here (the outlook runs no tests)"
+        w.gone[cid] = {"release": w.release, "reason": o.reason, "proof": text}
+        if cid in w.unresolved:
+            w.unresolved.remove(cid)
+        self._cell(cid, decide.DROPPED, o.reason, proof=text)
+
+    def _conflict(self, cid: str, o: decide.Outcome) -> None:
+        w = self.walk
+        if self._by_record(cid, o):
+            return
+        clears = self._cleared_later(cid)
+        if clears:
+            w.waiting[cid] = clears[0]
+            self._cell(cid, WAITING, f"{o.reason}; {w.name} {clears[0]} clears it ({clears[1]}), "
+                       "so nobody is asked here", met=o.state)  # fmt: skip
+            return
+        self._stop(cid, o.state, o.reason, outcome=o)
+
+    def _stop(self, cid: str, kind: str, reason: str, *, outcome: decide.Outcome | None = None,
+              proof: dict | None = None) -> None:  # fmt: skip
+        w = self.walk
+        more: dict = {"stop": True, "kind": kind}
+        if outcome is not None:
+            more.update(files=outcome.files, hunks=outcome.hunks, candidates=outcome.candidates,
+                        conflicted=self.blobs.keys(dict(outcome.conflicted)),
+                        merged=self.blobs.keys(dict(outcome.merged)))  # fmt: skip
+        if proof is not None:
+            more["test_run"] = proof
+        cell = self._cell(cid, STOPPED if self.stop_at_conflicts else UNRESOLVED, reason, **more)
+        if self.stop_at_conflicts:
+            w.stop = dict(cell)
+        elif cid not in w.unresolved:
+            w.unresolved.append(cid)
+
+    # -- resolution records ----------------------------------------------------------------
+
+    def _by_record(self, cid: str, o: decide.Outcome) -> bool:
+        """Carry the change by resolution records when every conflicting hunk has one and its
+        tests pass on this release with the result."""
+        if o.state != decide.CONFLICT or not self.records:
+            return False
+        w = self.walk
+        form, tree = w.forms[cid], self._tree(w.forms[cid].files)
+        before, after = self.blobs.files(form.before), self.blobs.files(form.after)
+        files: dict[str, bytes | None] = {}
+        used: list[records.Record] = []
+        with tempfile.TemporaryDirectory(prefix="vllm-overlay-record-") as tmp:
+            scratch = decide.Scratch(Path(tmp))
+            for p in form.files:
+                new, old, ours = tree.get(p), before.get(p), after.get(p)
+                if p in o.conflicted:
+                    got = records.resolve(cid, o.conflicted[p], (new, old, ours), self.records)  # type: ignore[arg-type]
+                    if got is None:
+                        return False
+                    files[p], recs = got
+                    used += recs
+                elif old is None or new is None or ours is None:
+                    files[p] = ours
+                else:
+                    files[p], n = scratch.merge(new, old, ours, ("new", "old", "ours"))
+                    if n:
+                        return False
+        change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))
+        proof = self.host.prove_carried(w.release, change, {**tree, **files})
+        keys = sorted({r.key for r in used})
+        if proof is not None and not proof.ok:
+            o.notes.append(f"resolution records {', '.join(k[:12] for k in keys)} apply, but "
+                           f"the change's tests fail with them: {proof.text}")  # fmt: skip
+            return False
+        for k in keys:
+            if k not in w.records_used:
+                w.records_used.append(k)
+        text = proof.text if proof is not None else "its tests not run here (the outlook)"
+        self._carry(cid, files, RECORD, f"{o.reason}; resolved by record "
+                    f"{', '.join(k[:12] for k in keys)}; {text}", records=keys)  # fmt: skip
+        return True
+
+    # -- looking ahead ---------------------------------------------------------------------
+
+    def _cleared_later(self, cid: str) -> tuple[str, str] | None:
+        """The first later release on the path (up to the target) where the change, in its
+        current form, drops or merges cleanly on the release as the changes before it leave
+        it: (the release, how)."""
+        w = self.walk
+        earlier = w.order[: w.order.index(cid)]
+        for rel in w.path[w.pos + 1 :]:
+            paths = self._paths()
+            tree = self.host.files(rel, paths)
+            for other in earlier:
+                if other in w.gone or w.waiting.get(other, rel) != rel:
+                    continue
+                o = self._decide(other, rel, tree)
+                if o.state in (decide.KEPT, decide.REFRESHED):
+                    tree.update(o.merged)
+            o = self._decide(cid, rel, tree)
+            if o.state in decide.CLEAN:
+                how = "it drops there" if o.state == decide.DROPPED else "it merges there"
+                return rel, how
+        return None
+
+    # -- a person's settlement -------------------------------------------------------------
+
+    def settle(self, files: dict[str, bytes | None], renames: dict[str, str]) -> None:
+        """The person's resolution of the stop: the change's files as they left them at the
+        stop's release (``files``: every path they touched; None: deleted)."""
+        w = self.walk
+        stop = w.stop
+        assert stop is not None and stop["kind"] != TESTS_FAILED
+        cid = stop["id"]
+        form = w.forms[cid]
+        tree = self._tree(list(files))
+        for p, data in files.items():
+            cf = stop.get("conflicted", {}).get(p)
+            if cf is None or data is None:
+                continue
+            new = tree.get(p)
+            sides = (new or b"", self.blobs.get(form.before.get(p)) or b"",
+                     self.blobs.get(form.after.get(p)) or b"")  # fmt: skip
+            made = records.derive(cid, p, w.release, self.blobs.get(cf), data, sides)  # type: ignore[arg-type]
+            self.made += made
+        changed = {p: d for p, d in files.items() if d != tree.get(p)}
+        order = [renames.get(p, p) for p in form.files]  # the change's order, then new files
+        changed = dict(sorted(changed.items(), key=lambda kv: (
+            order.index(kv[0]) if kv[0] in order else len(order), kv[0])))  # fmt: skip
+        form.tests = [_renamed(t, renames) for t in form.tests]
+        w.stop = None
+        if not changed:
+            self._drop(cid, decide.Outcome(cid, decide.DROPPED, "the person resolved the stop "
+                       f"to upstream's code: {w.name} {w.release} replaces the change"))  # fmt: skip
+        else:
+            self._carry(cid, changed, RESOLVED, "resolved by a person at this release",
+                        renamed=renames, records=[r.key for r in self.made])  # fmt: skip
+        if w.stop is None:
+            w.next += 1
+
+    def retry_proof(self) -> None:
+        """Run the stopped drop's proof again (the person fixed what made it fail)."""
+        w = self.walk
+        assert w.stop is not None and w.stop["kind"] == TESTS_FAILED
+        cid, reason = w.stop["id"], w.stop["reason"]
+        w.stop = None
+        self._drop(cid, decide.Outcome(cid, decide.DROPPED, reason))
+        if w.stop is None:
+            w.next += 1
+
+
+def _renamed(entry: str, renames: dict[str, str]) -> str:
+    path, sep, node = entry.partition("::")
+    return renames.get(path, path) + sep + node
+
+
+def start(name: str, pin: str, path: list[str], steps: list[decide.Step], blobs: Blobs) -> Walk:
+    """A walk of ``steps`` (the series at the pin) along ``path``."""
+    return Walk(
+        name=name,
+        pin=pin,
+        path=list(path),
+        order=[s.change.id for s in steps],
+        forms={
+            s.change.id: Form(
+                files=list(s.change.files),
+                tests=list(s.change.tests),
+                at=pin,
+                before=blobs.keys(dict(s.before)),
+                after=blobs.keys(dict(s.after)),
+            )
+            for s in steps
+        },
+    )
+
+
+def person_stops(w: Walk) -> list[dict]:
+    """The first stop of each change a person is asked about: its release, change and kind
+    (the outlook's walk goes on past a stop nobody settles; a later one of the same change
+    depends on how the person resolves the first)."""
+    first: dict[str, dict] = {}
+    for c in w.stops():
+        first.setdefault(c["id"], {"release": c["release"], "id": c["id"], "kind": c["kind"]})
+    return list(first.values())
