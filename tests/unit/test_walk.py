@@ -277,6 +277,8 @@ def test_stop_at_the_first_conflicting_release_then_continue(make_proj):
     rec = json.loads(recs[0].read_text())
     assert rec["release"] == "1.1.0" and rec["scope"] == "hunk"
     assert "".join(rec["release_side"]) == REWRITTEN
+    [listed] = json.loads(run_cli("status", "--json", cwd=p.root).out)["resolutions"]
+    assert (listed["change"], listed["release"], listed["in"]) == (CID, "1.1.0", "overlay")
     assert run_cli("export", "--check", cwd=p.root).rc == 0
     assert run_cli("apply", "--checkout", p.root / "fresh", "--index-url", p.index.url,
                    cwd=p.root).rc == 0  # fmt: skip
@@ -415,3 +417,27 @@ def test_sigkill_at_any_step_resumes_with_continue(make_proj):
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["status"] == "complete"
         assert _final(p) == want, f"killed after verdict {k}"
+
+
+@pytest.mark.parametrize(
+    "history,target",
+    [("drop", "1.1.0"), ("stop", "1.2.0"), ("undone", "1.2.0"), ("fixed_later", "1.2.0")],
+)
+def test_the_outlook_verdict_is_the_rebase_verdict(make_proj, history, target):
+    """One walk, one decision: for every change and release the rebase walked (up to its
+    first stop), the outlook says the same."""
+    p = make_proj(history)
+    add_second_change(p)
+    res = run_cli("outlook", "--index-url", p.index.url, "--to", target, "--json", cwd=p.root)
+    assert res.rc == 0, res.err
+    outlook = {(o["id"], col["version"]): o["state"]
+               for col in json.loads(res.out)["releases"] for o in col["outcomes"]}  # fmt: skip
+    rep = json.loads(to(p, target).out)
+    compared = 0
+    for c in rep["cells"]:
+        if c["state"] == "stopped":
+            assert outlook[(c["id"], c["release"])] in ("conflict", "moved", "collision")
+            break
+        assert outlook[(c["id"], c["release"])] == c["state"], c
+        compared += 1
+    assert compared >= 2

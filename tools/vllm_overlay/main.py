@@ -45,9 +45,11 @@ MODULES = {"import": "import_"}  # verbs whose module name is a Python keyword
 
 EPILOG = """\
 The pipeline: lock -> fetch -> apply (edit, export; import starts a change from upstream
-work) -> build -> verify -> suite -> publish. Carrying it forward: outlook shows every change
-against every newer vLLM release, rebase moves the overlay to one, track does that on a
-branch with proofs (what the daily workflow runs). cache shows and prunes the cache.
+work) -> build -> verify -> suite -> publish. Carrying it forward: rebase walks the overlay
+to a newer vLLM release through every release in between (drops proven where they happen,
+conflicts asked once, where they first happen), outlook shows that walk for every newer
+release without writing anything, track runs it on a branch (what the daily workflow runs).
+cache shows and prunes the cache.
 
 Downloads and environments are cached under $VLLM_OVERLAY_CACHE (default
 ~/.cache/vllm-overlay), keyed by content; --cache-max-size caps it. The package index comes

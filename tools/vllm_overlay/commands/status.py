@@ -9,6 +9,7 @@ from vllm_overlay.commands._options import add_checkout, checkout_of
 from vllm_overlay.overlay import importing
 from vllm_overlay.overlay.checkout import checkout_state
 from vllm_overlay.overlay.project import find_project
+from vllm_overlay.rebase import records
 
 HELP = "show the pin, each change and whether the checkout matches the overlay"
 DESCRIPTION = """\
@@ -20,6 +21,7 @@ change also touches says which), and the checkout's state:
   edited   it has uncommitted edits or new commits (run export)
   stale    the overlay changed since it was applied (run apply)
   missing  no checkout yet (run apply or edit)
+and the resolution records a rebase reuses (overlay/resolutions/, .work/resolutions/).
 """
 
 
@@ -33,6 +35,18 @@ def _import_state(project) -> dict | None:
         return None
     st = importing.load_state(project)
     return {"id": st.meta.id, "checkout": st.checkout, "conflicted": st.conflicted}
+
+
+def _records(project) -> list[dict]:
+    """The resolution records (rebase/records.py): reviewed ones in overlay/, and those of
+    walks not finished yet in .work/."""
+    out = []
+    for where, d in (("overlay", project.overlay_dir / records.DIR),
+                     ("work", project.work_dir / "resolutions")):  # fmt: skip
+        for key, r in sorted(records.load(d).items(), key=lambda kv: kv[1].relpath):
+            out.append({"change": r.change, "release": r.release, "path": r.path,
+                        "scope": r.scope, "key": key, "in": where})  # fmt: skip
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         ],
         "checkout": {"path": str(dest), **checkout_state(dest, lock, overlay)},
         "import": _import_state(project),
+        "resolutions": _records(project),
     }
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
@@ -97,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {f['kind']:7} {f['path']}{after}")
     co = data["checkout"]
     print(f"checkout {co['path']}: {co['state']}")
+    for r in data["resolutions"]:
+        where = "overlay/resolutions" if r["in"] == "overlay" else ".work/resolutions"
+        print(f"resolution record {r['key'][:16]} ({where}): {r['change']} at {u.name} "
+              f"{r['release']}, a {r['scope']} of {r['path']}")  # fmt: skip
     if data["import"]:
         imp = data["import"]
         print(

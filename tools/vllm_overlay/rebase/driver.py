@@ -332,6 +332,9 @@ def _finish(ctx: Ctx, walker: walk.Walker) -> dict:
     pruned = records.write_overlay(
         project.overlay_dir, [stored[k] for k in sorted(keys) if k in stored], ctx.new_version
     )
+    for k in keys:  # now in overlay/, for review: the walk's own copies go
+        if k in stored:
+            (ctx.paths.records / stored[k].relpath).unlink(missing_ok=True)
     plan_overlay(new_lock, load_overlay(project.overlay_dir), repo, base)  # strict re-apply
     write_lock(project.lock_path, new_lock)
     set_ref(ctx.repo, APPLIED_REF, ctx.head())
