@@ -168,13 +168,7 @@ class SdistHost:
         scratch = self._scratch(version, change, what)
         repo, base = self.tree(version)
         tree = proving.export_tree(repo, base, scratch / "tree")
-        for p, data in (files or {}).items():
-            target = tree / p
-            if data is None:
-                target.unlink(missing_ok=True)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+        proving.write_files(tree, files or {})
         targets, notes = proving.stage_tests(tree, tests, ours)
         runner = proving.runner_for(tree, self.test_python)
         res = proving.run_tests(runner, tree, targets, scratch / "work", scratch / "pytest.log")

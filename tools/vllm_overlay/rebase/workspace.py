@@ -31,6 +31,7 @@ from vllm_overlay.pin.trees import BASE_REF
 from vllm_overlay.rebase import decide
 from vllm_overlay.rebase.state import NEW_BASE_REF, Ctx
 from vllm_overlay.rebase.walk import Blobs, Walk
+from vllm_overlay.testing import proving
 
 
 def show_release(ctx: Ctx, repo: Path, base: str) -> None:
@@ -48,22 +49,12 @@ def show_release(ctx: Ctx, repo: Path, base: str) -> None:
     switch(ctx.repo, base, BRANCH, clean=True)
 
 
-def write_files(root: Path, files: dict[str, bytes | None]) -> None:
-    for p, data in files.items():
-        target = root / p
-        if data is None:
-            target.unlink(missing_ok=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-
-
 def commit_carried(ctx: Ctx, w: Walk, blobs: Blobs, changes: dict[str, Change],
                    ids: list[str]) -> None:  # fmt: skip
     """One commit per change of ``ids``, its files as the walk carries it."""
     for cid in ids:
         form = w.forms[cid]
-        write_files(ctx.checkout, blobs.files(form.after))
+        proving.write_files(ctx.checkout, blobs.files(form.after))
         run_git(ctx.repo.git, "add", "-A", "--", *form.files)
         commit(ctx.repo, change_message(changes[cid]))
 
@@ -102,7 +93,7 @@ def show_stop(ctx: Ctx, w: Walk, blobs: Blobs, changes: dict[str, Change], repo:
             elif stop["kind"] == decide.COLLISION and before.get(p) is None:
                 theirs = (ctx.checkout / p).read_bytes()
                 out[p], _ = scratch.merge(theirs, b"", after[p] or b"", labels)
-    write_files(ctx.checkout, out)
+    proving.write_files(ctx.checkout, out)
 
 
 def read_resolution(ctx: Ctx) -> dict[str, bytes | None]:

@@ -123,6 +123,17 @@ def export_tree(repo: Path, rev: str, dest: Path) -> Path:
     return dest
 
 
+def write_files(tree: Path, files: Mapping[str, bytes | None]) -> None:
+    """Write ``files`` (path -> bytes; None: remove it) over ``tree``."""
+    for p, data in files.items():
+        target = safe_join(tree, p)
+        if data is None:
+            target.unlink(missing_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+
+
 def _free_name(tree: Path, path: str) -> str:
     """A path beside ``path`` that no file in ``tree`` has (``test_x.py`` -> ``test_x_overlay.py``)."""
     p = PurePosixPath(path)
