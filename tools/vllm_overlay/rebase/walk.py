@@ -300,11 +300,12 @@ class Walker:
         w = self.walk
         if self._by_record(cid, o):
             return
-        clears = self._cleared_later(cid)
-        if clears:
-            w.waiting[cid] = clears[0]
-            self._cell(cid, WAITING, f"{o.reason}; {w.name} {clears[0]} clears it ({clears[1]}), "
-                       "so nobody is asked here", met=o.state)  # fmt: skip
+        ahead = self._ahead(cid, o)
+        if ahead:
+            rel, why = ahead
+            w.waiting[cid] = rel
+            self._cell(cid, WAITING, f"{o.reason}; {why}, so nobody is asked here",
+                       met=o.state)  # fmt: skip
             return
         self._stop(cid, o.state, o.reason, outcome=o)
 
@@ -369,15 +370,22 @@ class Walker:
 
     # -- looking ahead ---------------------------------------------------------------------
 
-    def _cleared_later(self, cid: str) -> tuple[str, str] | None:
-        """The first later release on the path (up to the target) where the change, in its
-        current form, drops or merges cleanly on the release as the changes before it leave
-        it: (the release, how)."""
+    def _ahead(self, cid: str, here: decide.Outcome) -> tuple[str, str] | None:
+        """Where to take up a change that does not go through here, looking ahead to the
+        target, in its current form, on each release as the changes before it leave it:
+
+        - the first later release that clears it (it drops there, or merges cleanly):
+          nobody is asked at all;
+        - else the last release where upstream touches the conflicting lines again (the
+          conflict's hunks differ from the release before): a resolution made earlier would
+          be asked again there, so the person is asked once, there.
+
+        None: stop here (the conflict stays as it is up to the target)."""
         w = self.walk
         earlier = w.order[: w.order.index(cid)]
+        last, at = _hunks_of(here), None
         for rel in w.path[w.pos + 1 :]:
-            paths = self._paths()
-            tree = self.host.files(rel, paths)
+            tree = self.host.files(rel, self._paths())
             for other in earlier:
                 if other in w.gone or w.waiting.get(other, rel) != rel:
                     continue
@@ -387,8 +395,14 @@ class Walker:
             o = self._decide(cid, rel, tree)
             if o.state in decide.CLEAN:
                 how = "it drops there" if o.state == decide.DROPPED else "it merges there"
-                return rel, how
-        return None
+                return rel, f"{w.name} {rel} clears it ({how})"
+            hunks = _hunks_of(o)
+            if hunks != last:
+                last, at = hunks, rel
+        if at is None:
+            return None
+        return at, (f"upstream touches these lines again up to {w.name} {at}: the person is "
+                    "asked there, once")  # fmt: skip
 
     # -- a person's settlement -------------------------------------------------------------
 
@@ -434,6 +448,17 @@ class Walker:
         self._drop(cid, decide.Outcome(cid, decide.DROPPED, reason))
         if w.stop is None:
             w.next += 1
+
+
+def _hunks_of(o: decide.Outcome) -> tuple:
+    """What a conflict is, release names aside: its kind, files and the three sides of each
+    hunk (a resolution of one applies to the other only when these are equal)."""
+    out = []
+    for path in sorted(o.files):
+        merged = o.conflicted.get(path)
+        split = records.split_diff3(merged.decode(errors="surrogateescape")) if merged else None
+        out.append((path, tuple(split[1]) if split else None))
+    return (o.state, tuple(out))
 
 
 def _renamed(entry: str, renames: dict[str, str]) -> str:

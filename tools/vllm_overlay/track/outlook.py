@@ -92,6 +92,14 @@ class Outlook:
         }
 
 
+def _code_digest() -> str:
+    """The walk's own code: a cached walk is reused only by the code that made it."""
+    h = hashlib.sha256()
+    for mod in (decide, walk, records):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()
+
+
 def _results_dir() -> Path:
     return cache_dir() / "outlook" / "results"
 
@@ -133,7 +141,8 @@ def outlook(
     digest = hashlib.sha256()
     for k in sorted(found):
         digest.update(found[k].to_json().encode())
-    key_base = json.dumps([FORMAT, series.digest, digest.hexdigest(), test_python or ""])
+    key_base = json.dumps([FORMAT, _code_digest(), series.digest, digest.hexdigest(),
+                           test_python or ""])  # fmt: skip
     host = SdistHost(lock, {r.version: r for r in chosen}, index_url=index_url, prove=tests,
                      test_python=test_python, work=cache_dir() / "outlook" / "runs")  # fmt: skip
     path = [r.version for r in chosen]

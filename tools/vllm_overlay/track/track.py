@@ -21,6 +21,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import Version
+
 from vllm_overlay import rebase
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.gitrepo import git, rev_parse, show_bytes
@@ -170,17 +172,24 @@ def _hunks(result: dict) -> dict[str, str]:
 
 def _walk_up_to_the_stop(copy: Copy, result: dict, index_url: str | None,
                          test_python: str | None) -> str | None:  # fmt: skip
-    """Move the copy to the release before the stop, when the walk gets there without a
-    person, and stage it: the branch then starts the person at the stop. Returns that
-    release (None: the stop is at the first release, or the walk there stops too)."""
+    """Move the copy to the newest release before the stop that the walk reaches without a
+    person (the outlook's count of stops for that target is 0), and stage it: the branch
+    then starts the person from there. Returns that release (None: there is none, or the
+    walk there stopped after all, e.g. on a proof)."""
+    from vllm_overlay.track.outlook import outlook
+
     stop = result.get("stopped_at") or {}
-    path = result.get("path") or []
-    if stop.get("release") not in path or path.index(stop["release"]) == 0:
-        rebase.abort(copy.project)
-        return None
-    before = path[path.index(stop["release"]) - 1]
     rebase.abort(copy.project)
-    info(f"moving the branch to {before}, the release before the stop")
+    if not stop.get("release"):
+        return None
+    look = outlook(copy.project, index_url=index_url, to=stop["release"])
+    clear = [t["version"] for t in look.targets
+             if not t["walk"] and Version(t["version"]) < Version(stop["release"])]  # fmt: skip
+    if not clear:
+        return None
+    before = clear[-1]
+    info(f"moving the branch to {before}, the newest release before the stop that the walk "
+         "reaches without a person")  # fmt: skip
     try:
         got = rebase.start(copy.project, before, index_url=index_url,
                            checkout=copy.project.default_checkout, test_python=test_python)  # fmt: skip
