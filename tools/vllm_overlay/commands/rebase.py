@@ -32,10 +32,12 @@ before it leave it:
   refreshed  it merges cleanly onto the new code; the patch gets the new context.
   stop       a conflict (git's three-way merge leaves diff3 markers), a file we add that
              upstream now also has (a collision), or a touched file upstream deleted or
-             renamed (git's rename candidates are listed), at the first release where
-             upstream touches our lines. Not asked when a resolution record resolves it
-             (its tests must pass), or when a later release up to the target clears it
-             (drops or merges it): the walk never asks more than the direct jump would.
+             renamed (git's rename candidates are listed), where upstream touches our
+             lines: at the first such release, or, when upstream touches the same lines
+             again before the target, at the last (asked once). Not asked when a
+             resolution record resolves it (its tests must pass), or when a later release
+             up to the target clears it (drops or merges it): the walk never asks more
+             than the direct jump would.
              Resolve in the checkout (it shows that release), then --continue; or --abort.
              The resolution is recorded (overlay/resolutions/), so no walk asks it again.
 

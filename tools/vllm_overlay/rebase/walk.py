@@ -17,8 +17,11 @@ bottom as what it does:
                 every hunk has a resolution record  -> apply; its tests pass here: carried
                 a later release up to the target clears it (drops it, or merges it)
                                                      -> wait for that release: not asked
-                otherwise                            -> STOP here, the first release where
-                                                        upstream touches our lines
+                upstream touches these lines again before the target
+                                                     -> wait for the last release that
+                                                        does: asked there, once
+                otherwise                            -> STOP here, where upstream touches
+                                                        our lines
 
 A stop is settled by the person (``settle``: their files become the change's form at that
 release) or by the proof passing again; then the walk goes on from that change. Every verdict
