@@ -80,6 +80,13 @@ HISTORIES = {
         "1.1.0": tree(CONN.replace(OLD_LINE, REWRITTEN)),
         "1.2.0": tree(CONN + ELSEWHERE),
     },
+    # 1.1.0 rewrites our line, and 1.2.0 rewrites it again: a resolution at 1.1.0 would be
+    # asked again at 1.2.0, so a walk to 1.2.0 asks once, at 1.2.0.
+    "twice": {
+        "1.0.0": tree(),
+        "1.1.0": tree(CONN.replace(OLD_LINE, REWRITTEN)),
+        "1.2.0": tree(CONN.replace(OLD_LINE, REWRITTEN.replace("int(", "abs("))),
+    },
     # 1.1.0 rewrites our line, 1.2.0 has the fix: the change drops at 1.2.0, not asked at 1.1.0.
     "fixed_later": {
         "1.0.0": tree(),
@@ -365,6 +372,21 @@ def test_walk_to_the_conflicting_release_stops_like_the_jump(make_proj):
     assert rebase(p, "--abort").rc == 0
     jumped = to(p, "1.1.0", "--direct")
     assert json.loads(jumped.out)["stops"] == [{"release": "1.1.0", "id": CID, "kind": "conflict"}]
+
+
+def test_lines_upstream_touches_twice_are_asked_once_at_the_last(make_proj):
+    p = make_proj("twice")
+    res = to(p, "1.2.0")
+    assert res.rc == 1
+    rep = json.loads(res.out)
+    assert rep["stops"] == [{"release": "1.2.0", "id": CID, "kind": "conflict"}]
+    [w] = rep["waited"]
+    assert (w["id"], w["release"]) == (CID, "1.1.0") and "asked there, once" in w["reason"]
+    assert "abs(cache_config.block_size)" in (checkout(p) / CONNECTOR).read_text()
+    assert rebase(p, "--abort").rc == 0
+    # up to 1.1.0, nothing touches it again: asked at 1.1.0
+    rep = json.loads(to(p, "1.1.0").out)
+    assert rep["stops"] == [{"release": "1.1.0", "id": CID, "kind": "conflict"}]
 
 
 # --------------------------------------------------------------------------------------------
