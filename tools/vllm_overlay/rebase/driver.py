@@ -207,6 +207,7 @@ def _continue(ctx: Ctx) -> dict:
         else:
             _settle(ctx, walker)
         st.walk = w.to_json()
+        st.status = "running"
         ctx.save()
     return _advance(ctx, walker)
 

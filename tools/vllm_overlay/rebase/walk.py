@@ -227,7 +227,7 @@ class Walker:
         if cid in w.gone:
             return
         if cid in w.waiting and w.waiting[cid] != rel:
-            self._cell(cid, WAITING, f"waits for {w.name} {w.waiting[cid]}, which clears it")
+            self._cell(cid, WAITING, f"waits for {w.name} {w.waiting[cid]}")
             return
         w.waiting.pop(cid, None)
         o = self._decide(cid, rel, self._tree(w.forms[cid].files))
