@@ -35,6 +35,8 @@ walk needs from outside is a ``Host``: the files of a release, and the proofs.
 
 from __future__ import annotations
 
+import copy
+import json
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -194,6 +196,7 @@ class Walker:
     stop_at_conflicts: bool = True  # False: the outlook (a stop is noted, the walk goes on)
     on_step: object = None  # called after every step (the rebase saves its state)
     made: list[records.Record] = field(default_factory=list)
+    memo: dict | None = None  # decisions shared by several walks of one series (the outlook)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -247,6 +250,19 @@ class Walker:
         return self.blobs.files(w.tree)
 
     def _decide(self, cid: str, rel: str, tree: dict[str, bytes | None]) -> decide.Outcome:
+        w = self.walk
+        form = w.forms[cid]
+        if self.memo is not None:  # a pure function of the form and the release's files
+            key = (cid, rel, form.at, json.dumps([form.files, form.tests, form.before,
+                   form.after], sort_keys=True),
+                   tuple((p, sha256_bytes(d) if d is not None else None)
+                         for p in form.files for d in [tree.get(p)]))  # fmt: skip
+            if key not in self.memo:
+                self.memo[key] = self._decide_now(cid, rel, tree)
+            return copy.deepcopy(self.memo[key])
+        return self._decide_now(cid, rel, tree)
+
+    def _decide_now(self, cid: str, rel: str, tree: dict[str, bytes | None]) -> decide.Outcome:
         w = self.walk
         form = w.forms[cid]
         change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))

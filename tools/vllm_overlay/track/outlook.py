@@ -105,7 +105,7 @@ def _results_dir() -> Path:
 
 
 def _walk(series: Series, host: SdistHost, path: list[str], found: dict, key_base: str,
-          *, prove: bool) -> dict:  # fmt: skip
+          *, prove: bool, memo: dict | None = None) -> dict:  # fmt: skip
     """The walk along ``path`` (cached): its cells, drops and stops."""
     shas = [(v, host.releases[v].artifact(host.name).sha256) for v in path]
     key = sha256_bytes(json.dumps([key_base, shas, prove]).encode())
@@ -117,7 +117,8 @@ def _walk(series: Series, host: SdistHost, path: list[str], found: dict, key_bas
     blobs = walk.Blobs()
     w = walk.start(host.name, series.lock.upstream.version, path, series.steps, blobs)
     changes = {s.change.id: s.change for s in series.steps}
-    walk.Walker(w, blobs, host, changes, found, stop_at_conflicts=False).run()
+    walk.Walker(w, blobs, host, changes, found, stop_at_conflicts=False,
+                memo=None if prove else memo).run()  # fmt: skip
     data = {"path": path, "cells": w.cells, "gone": w.gone, "stops": walk.person_stops(w)}
     atomic_write_text(cached, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data
@@ -148,14 +149,16 @@ def outlook(
     path = [r.version for r in chosen]
     columns: list[Column] = []
     targets: list[dict] = []
+    memo0: dict = {}
     if path:
-        main = _walk(series, host, path, found, key_base, prove=tests)
+        main = _walk(series, host, path, found, key_base, prove=tests, memo=memo0)
         columns = _columns(series, host, main)
         cheap = SdistHost(lock, host.releases, index_url=index_url, prove=False)
+        memo = memo0  # the walks to each target share most of their decisions
         for i, v in enumerate(path):
             walked = main if i == len(path) - 1 and not tests else _walk(
-                series, cheap, path[: i + 1], found, key_base, prove=False)  # fmt: skip
-            direct = _walk(series, cheap, [v], found, key_base, prove=False)
+                series, cheap, path[: i + 1], found, key_base, prove=False, memo=memo)  # fmt: skip
+            direct = _walk(series, cheap, [v], found, key_base, prove=False, memo=memo)
             targets.append({"version": v, "walk": walked["stops"], "direct": direct["stops"]})
     changes = [
         {"id": s.change.id, "title": s.change.title, "drop_when": s.change.drop_when,
