@@ -245,7 +245,7 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
     last release before the target that touches its lines (asked once, there, not at 0.26.0
     and again at 0.27.0). #51108 conflicts at 0.26.0-0.27.1 but 0.28.0 has it, so nobody is
     asked about it: it drops at 0.28.0, with proof. A second walk meets the same two
-    conflicts and asks nothing: the records apply, their tests passing."""
+    conflicts: the records apply where the change's tests pass with them."""
     root = fresh_clone(tmp_path)
     rep = rebase(root, "0.28.0", "--commit", COMMITS["0.28.0"], rc=1)
     assert rep["path"] == ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0"]
@@ -273,15 +273,20 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
     recs = sorted((root / "overlay" / "resolutions").glob("*/*.json"))
     assert {r.parent.name for r in recs} == set(RESOLUTIONS)
 
+    # A second walk from a fresh clone, with the records: each applies only if the change's
+    # tests pass with it where it applies. The float32 SSM record does (0.26.0). The decode
+    # record does not: on x86, 0.27.0's decode path is a compiled op (causal_conv1d_update_
+    # cpu_vec) that the source tree lacks and our test does not stand in for, so the
+    # scripted resolution above is not proven there, and the walk asks again, saying why.
     again = fresh_clone(tmp_path / "again")
     shutil.copytree(root / "overlay" / "resolutions", again / ".work" / "resolutions")
-    rep2 = rebase(again, "0.28.0", "--commit", COMMITS["0.28.0"])
-    assert rep2["stops"] == [] and sorted(rep2["by_record"]) == sorted(RESOLUTIONS)
-    # the records' tests ran where they applied
-    assert {"0.26.0", "0.27.0"} <= set(rep2["proof_releases"])
-    for name in ("upstream.lock", "overlay/overlay.toml"):
-        a, b = (root / name).read_text(), (again / name).read_text()
-        assert a.replace("resolved", "record") == b.replace("resolved", "record") or a == b
+    rep2 = rebase(again, "0.28.0", "--commit", COMMITS["0.28.0"], rc=1)
+    assert rep2["by_record"] == ["cpu-gdn-ssm-state-float32"]
+    stop2 = rep2["stopped_at"]
+    assert (stop2["id"], stop2["release"]) == ("cpu-gdn-decode-state-indices", "0.27.0")
+    assert any("the change's tests fail with them" in n for n in stop2["notes"]), stop2
+    assert {"0.26.0", "0.27.0"} <= set(rep2["proof_releases"])  # the records' tests ran
+    assert rep2["stops"] == [{"release": "0.27.0", "id": stop2["id"], "kind": "conflict"}]
 
 
 @pytest.mark.releases

@@ -299,6 +299,9 @@ def test_the_same_conflict_is_asked_once(make_proj):
     before = snapshot(p)
     assert to(p, "1.2.0").rc == 1
     resolve_stop(p)
+    # the person also edits the change's test, which merged cleanly: part of the resolution
+    test = checkout(p) / ADDED_TEST
+    test.write_text(test.read_text() + "\n\n# checked against 1.1.0\n")
     res = rebase(p, "--continue", "--json")
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
@@ -313,6 +316,15 @@ def test_the_same_conflict_is_asked_once(make_proj):
     [change] = [c for c in rep["changes"] if c["id"] == CID]
     assert change["releases"]["1.1.0"] == "record"
     assert rep["proof_releases"].keys() == {"1.1.0"}  # its tests ran there, with the record
+    # settle the second change, then the overlay has the whole resolution of the first
+    f = checkout(p) / EXTRACT
+    text = f.read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
+    f.write_text(text[:start] + "    block_size = kv_cache.shape[1]  # ours\n" + text[end:])
+    res = rebase(p, "--continue", "--json")
+    assert res.rc == 0, res.err
+    assert "# checked against 1.1.0" in p.change_file(ADDED_TEST).read_text()
+    assert "int(getattr(" in p.change_file(CONNECTOR + ".patch").read_text()
 
 
 def test_a_record_that_does_not_match_is_not_applied(make_proj, tmp_path):

@@ -214,6 +214,8 @@ def _render_change(c: dict) -> list[str]:
     elif status in rebase.STOP_KINDS:
         for p in c["problems"]:
             out.append(f"              {p['path']}: {p['kind']}: {p['detail']}")
+        for n in c.get("notes", []):
+            out.append(f"              note: {n}")
     return out
 
 

@@ -164,8 +164,17 @@ def derive(
             ]
             if apply(m, {x.key: x for x in recs}) == r:
                 return recs
+    return [whole_file(change, path, release, sides, resolved)]
+
+
+def whole_file(change: str, path: str, release: str, sides: tuple[bytes, bytes, bytes],
+               resolved: bytes) -> Record:  # fmt: skip
+    """A record of the whole file: keyed by its three sides (the release's file, the base's,
+    ours; empty when absent). Also what a person's edit of a file that merged cleanly (a test
+    moved to the release's new API, say) becomes, so that it too is not asked again."""
     new, old, ours = (s.decode(errors="surrogateescape") for s in sides)
-    return [Record(change, key_of(new, old, ours), path, release, "file", new, old, ours, r)]
+    r = resolved.decode(errors="surrogateescape")
+    return Record(change, key_of(new, old, ours), path, release, "file", new, old, ours, r)
 
 
 def _between(common: list[str], resolved: str) -> list[str] | None:

@@ -57,7 +57,7 @@ def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> 
             if c["id"] == w.stop["id"]:
                 c.update(status=w.stop["kind"], release=w.stop["release"],
                          problems=stopped["problems"], reason=stopped["reason"],
-                         test_run=stopped["test_run"])  # fmt: skip
+                         test_run=stopped["test_run"], notes=stopped["notes"])  # fmt: skip
     elif st.commit_pending:
         stopped = {"id": "", "status": STOP_COMMIT, "problems": [],
                    "next_steps": next_steps(ctx, {"kind": STOP_COMMIT})}  # fmt: skip
@@ -135,6 +135,7 @@ def _public_stop(ctx: Ctx, w: walk_.Walk) -> dict:
         "release": stop["release"],
         "problems": problems,
         "hunks": stop.get("hunks", {}),
+        "notes": stop.get("notes", []),
         "reason": stop.get("reason"),
         "test_run": stop.get("test_run"),
         "next_steps": next_steps(ctx, pending),

@@ -335,7 +335,8 @@ class Walker:
         if outcome is not None:
             more.update(files=outcome.files, hunks=outcome.hunks, candidates=outcome.candidates,
                         conflicted=self.blobs.keys(dict(outcome.conflicted)),
-                        merged=self.blobs.keys(dict(outcome.merged)))  # fmt: skip
+                        merged=self.blobs.keys(dict(outcome.merged)),
+                        notes=list(outcome.notes))  # fmt: skip
         if proof is not None:
             more["test_run"] = proof
         cell = self._cell(cid, STOPPED if self.stop_at_conflicts else UNRESOLVED, reason, **more)
@@ -366,6 +367,9 @@ class Walker:
                         return False
                     files[p], recs = got
                     used += recs
+                elif (edit := _file_record(cid, (new, old, ours), self.records)) is not None:
+                    files[p] = edit.resolution.encode(errors="surrogateescape")
+                    used.append(edit)  # the person also edited this file, which merged
                 elif old is None or new is None or ours is None:
                     files[p] = ours
                 else:
@@ -434,15 +438,17 @@ class Walker:
         cid = stop["id"]
         form = w.forms[cid]
         tree = self._tree(list(files))
+        shown = {**stop.get("merged", {}), **stop.get("conflicted", {})}
         for p, data in files.items():
-            cf = stop.get("conflicted", {}).get(p)
-            if cf is None or data is None:
+            if data is None or p not in form.files:
                 continue
-            new = tree.get(p)
-            sides = (new or b"", self.blobs.get(form.before.get(p)) or b"",
+            sides = (tree.get(p) or b"", self.blobs.get(form.before.get(p)) or b"",
                      self.blobs.get(form.after.get(p)) or b"")  # fmt: skip
-            made = records.derive(cid, p, w.release, self.blobs.get(cf), data, sides)  # type: ignore[arg-type]
-            self.made += made
+            cf = stop.get("conflicted", {}).get(p)
+            if cf is not None:
+                self.made += records.derive(cid, p, w.release, self.blobs.get(cf), data, sides)  # type: ignore[arg-type]
+            elif data != self.blobs.get(shown.get(p)):  # the person edited a file that merged
+                self.made.append(records.whole_file(cid, p, w.release, sides, data))
         changed = {p: d for p, d in files.items() if d != tree.get(p)}
         order = [renames.get(p, p) for p in form.files]  # the change's order, then new files
         changed = dict(sorted(changed.items(), key=lambda kv: (
@@ -467,6 +473,13 @@ class Walker:
         self._drop(cid, decide.Outcome(cid, decide.DROPPED, reason))
         if w.stop is None:
             w.next += 1
+
+
+def _file_record(cid: str, sides: tuple, found: dict[str, records.Record]) -> records.Record | None:
+    """The record of a person's edit of a whole file with exactly these three sides."""
+    new, old, ours = (x.decode(errors="surrogateescape") if x else "" for x in sides)
+    rec = found.get(records.key_of(new, old, ours))
+    return rec if rec is not None and rec.change == cid and rec.scope == "file" else None
 
 
 def _hunks_of(o: decide.Outcome) -> tuple:
