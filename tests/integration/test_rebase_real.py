@@ -256,6 +256,9 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
     assert_agrees_with_outlook(root, rep, "0.28.0")
     rep = walk_on(root, rep)
     assert rep["status"] == "complete", rep.get("stopped_at")
+    print("walk to 0.28.0: stops", rep["stops"], "dropped",
+          {d["id"]: d["release"] for d in rep["dropped"]},
+          "test environments (s)", rep["proof_releases"])  # fmt: skip
     dropped = {d["id"]: d for d in rep["dropped"]}
     assert dropped["hybrid-prefix-caching-hidden-states"]["release"] == "0.28.0"
     assert "passed against vllm 0.28.0 without the change" in (
@@ -304,7 +307,8 @@ def test_real_walk_0_24_to_0_33(tmp_path: Path):
     assert {a["project"] for a in rep["to"]["artifacts"]} == {"vllm"}
     assert len(rep["path"]) == 11
     stop = rep["stopped_at"]
-    print("walk to 0.33.0, first stop:", stop["id"], stop["release"])
+    print("walk to 0.33.0, first stop:", stop["id"], stop["release"],
+          "test environments (s)", rep["proof_releases"])  # fmt: skip
     assert (stop["id"], stop["release"], stop["status"]) == (
         "hidden-states-connector-cpu-cache", "0.30.0", "conflict")  # fmt: skip
     dropped = {d["id"]: d["release"] for d in rep["dropped"]}
