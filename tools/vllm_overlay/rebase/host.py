@@ -177,6 +177,28 @@ class SdistHost:
             shutil.rmtree(tree, ignore_errors=True)
         return res
 
+    def _run_groups(self, version: str, change: Change, groups: dict[str, list[str]],
+                    ours: dict[str, bytes]) -> dict[str, proving.TestRun]:  # fmt: skip
+        """Our tests and upstream's on the pristine release, in one pytest run."""
+        groups = {k: v for k, v in groups.items() if v}
+        if not groups:
+            return {}
+        scratch = self._scratch(version, change, "drop")
+        repo, base = self.tree(version)
+        tree = proving.export_tree(repo, base, scratch / "tree")
+        staged: dict[str, list[str]] = {}
+        notes: list[str] = []
+        for name, tests in groups.items():
+            staged[name], more = proving.stage_tests(tree, tests, ours if name == "ours" else {})
+            notes += more
+        runner = proving.runner_for(tree, self.test_python)
+        runs = proving.run_groups(runner, tree, staged, scratch / "work", scratch / "pytest.log")
+        if "ours" in runs:
+            runs["ours"].notes = notes
+        if all(r.ok for r in runs.values()):
+            shutil.rmtree(tree, ignore_errors=True)
+        return runs
+
     def prove_drop(self, version: str, change: Change, ours: dict[str, bytes]) -> Proof | None:
         if not self.prove:
             return None
@@ -186,13 +208,8 @@ class SdistHost:
             return Proof(True, "not proven: the change lists no tests")
         started = time.monotonic()
         info(f"change {change.id}: proving the drop on {where}")
-        runs: dict[str, proving.TestRun] = {}
-        if mine:
-            runs["ours"] = self._run(version, change, "ours", mine, ours)
-        if theirs:
-            present = [t for t in theirs if t.partition("::")[0] in self.names(version)]
-            if present:
-                runs["upstream"] = self._run(version, change, "upstream", present, {})
+        present = [t for t in theirs if t.partition("::")[0] in self.names(version)]
+        runs = self._run_groups(version, change, {"ours": mine, "upstream": present}, ours)
         proof = _judge(runs, mine, theirs, where)
         proof.seconds = round(time.monotonic() - started, 1)
         self.timings[version] = self.timings.get(version, 0.0) + proof.seconds

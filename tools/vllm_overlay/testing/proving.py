@@ -200,6 +200,39 @@ def run_tests(
     return to_test_run(list(targets), python, run)
 
 
+def run_groups(
+    runner: Runner, tree: Path, groups: Mapping[str, Sequence[str]], workdir: Path, log: Path
+) -> dict[str, TestRun]:
+    """One pytest run over several groups of targets (one interpreter start, one
+    collection), its results told apart by group: each test belongs to the group whose
+    target file it is in."""
+    every = [t for ts in groups.values() for t in ts]
+    workdir.mkdir(parents=True, exist_ok=True)
+    python, env = runner.command(tree, workdir)
+    info(f"running {len(every)} test target(s) against {tree}")
+    run = pytest_runner.run_pytest(
+        python,
+        ["--rootdir", os.fspath(tree), *every],
+        cwd=workdir,
+        environ=env,
+        files=pytest_runner.RunFiles(log.parent / f"{log.stem}-files", log_file=log),
+        label="proof",
+        limit=TIMEOUT_S,
+    )
+    out = {}
+    for name, targets in groups.items():
+        files = {os.path.relpath(t.partition("::")[0], tree).replace(os.sep, "/") for t in targets}
+        mine = {k: r for k, r in run.results.items() if k.partition("::")[0] in files}
+        part = pytest_runner.PytestRun(
+            returncode=1 if any(r.failing for r in mine.values()) else (
+                run.returncode if run.junit is None else 0),
+            results=mine, collected=tuple(k for k in run.collected if k in mine),
+            junit=run.junit, log=run.log, seconds=run.seconds,
+        )  # fmt: skip
+        out[name] = to_test_run(list(targets), python, part)
+    return out
+
+
 def to_test_run(targets: list[str], python: str, run: pytest_runner.PytestRun) -> TestRun:
     """The ``TestRun`` of one pytest run, from its JUnit report."""
     n = run.counts()
