@@ -418,7 +418,7 @@ def test_equivalent_fix_with_our_tests_failing_stops(proj: Proj):
     assert "upstream's version does not do what ours did" in res.out
     assert "1 failed" in res.out
     assert project_snapshot(proj) == before
-    log = next((proj.root / ".work" / "rebase" / "tests" / "1.4.0" / CID).glob("*/pytest.log"))
+    log = proj.root / ".work" / "rebase" / "tests" / "1.4.0" / "drops" / "pytest.log"
     assert "assert 528 == 22" in log.read_text()
     res = rebase(proj, "--continue")  # runs the tests again: still failing
     assert res.rc == 1 and "tests-failed" in res.out

@@ -197,6 +197,7 @@ class Walker:
     on_step: object = None  # called after every step (the rebase saves its state)
     made: list[records.Record] = field(default_factory=list)
     memo: dict | None = None  # decisions shared by several walks of one series (the outlook)
+    _batched: str = ""  # the release whose drops were proven in one batch
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -299,12 +300,34 @@ class Walker:
             w.unresolved.remove(cid)
         self._cell(cid, state, reason, **more)
 
-    def _drop(self, cid: str, o: decide.Outcome) -> None:
-        w = self.walk
-        form = w.forms[cid]
+    def _as_carried(self, cid: str) -> tuple[Change, dict[str, bytes]]:
+        """The change in its current form, and its own test files (what a proof stages)."""
+        form = self.walk.forms[cid]
         change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))
         own = {t.partition("::")[0] for t in form.tests}
-        ours = {p: d for p, d in self.blobs.files(form.after).items() if p in own and d}
+        return change, {p: d for p, d in self.blobs.files(form.after).items() if p in own and d}
+
+    def _batch_drops(self, cid: str) -> None:
+        """Before the first proof at a release: the other changes that drop here too (as
+        the release stands now) are proven with it, in one run."""
+        w = self.walk
+        if self._batched == w.release or not hasattr(self.host, "prove_drops"):
+            return
+        self._batched = w.release
+        items = [self._as_carried(cid)]
+        tree = self._tree(self._paths())
+        for other in w.order[w.next + 1 :]:
+            if other in w.gone or w.waiting.get(other, w.release) != w.release:
+                continue
+            if self._decide(other, w.release, tree).state == decide.DROPPED:
+                items.append(self._as_carried(other))
+        if len(items) > 1:
+            self.host.prove_drops(w.release, items)
+
+    def _drop(self, cid: str, o: decide.Outcome) -> None:
+        w = self.walk
+        self._batch_drops(cid)
+        change, ours = self._as_carried(cid)
         proof = self.host.prove_drop(w.release, change, ours)
         if proof is not None and not proof.ok:
             self._stop(cid, TESTS_FAILED, o.reason, proof=proof.to_json())
