@@ -15,26 +15,34 @@ from vllm_overlay.track import render
 from vllm_overlay.track.outlook import outlook
 from vllm_overlay.util import atomic_write_text, info
 
-HELP = "every change against every newer vLLM release: kept, refreshed, dropped, or a stop"
+HELP = "the rebase's walk over every newer vLLM release, as a matrix, with the stops per target"
 DESCRIPTION = """\
-For every final release newer than the pin on the package index (or --to V: those up to V;
---releases A,B: exactly those), where each change of the series lands:
+The walk a rebase makes (docs/rebasing.md), over every final release newer than the pin on
+the package index (or --to V: those up to V; --releases A,B: exactly those), without
+writing anything: each cell is the walk's verdict for a change at a release.
 
-  kept       applies unchanged         refreshed  merges with new context
-  dropped    upstream has it, or its drop_when holds (why is shown)
+  kept       merges unchanged          refreshed  merges with new context
+  dropped    the first release that has it, or where its drop_when holds
+  ·          dropped at an earlier release
+  waiting    conflicts here, but a later release clears it (nobody is asked), or touches
+             its lines again (it is asked there, once)
+  record     conflicts, and a resolution record resolves it (overlay/resolutions/)
   conflict   the three-way merge leaves markers (the files and hunks are shown)
   moved      a file it patches was renamed (git's candidates) or deleted upstream
   collision  a file it adds now exists upstream
+  tests-failed  (--tests) upstream has it, but the proof fails there
 
-It reads only the touched files, straight from each release's sdist (downloaded once into
-the cache, checked against the index's sha256), and merges with git's three-way merge; the
-results are cached per (series, release). It never writes upstream.lock, overlay/ or the
-checkout. With --tests, each change's tests also run on each release: on the patched tree,
-or, for a change that would be dropped, on the pristine tree (the proof a rebase asks for).
+A stop is noted and the walk goes on (the change is tried again at the next release). For
+each release as a target, the stops a person would be asked about are counted for the walk
+and for the direct jump. It reads only the touched files, straight from each release's
+sdist (downloaded once into the cache, checked against the index's sha256); the walks are
+cached per (series, records, releases). It never writes upstream.lock, overlay/ or the
+checkout. With --tests, the proofs run as in a rebase: at each drop, the change's tests and
+its upstream_tests on the pristine release; for a record, the change's tests with it.
 
-The safe target is the newest release every change reaches cleanly (kept, refreshed or
-dropped, and with --tests its tests pass). Exit status: 0 (the outlook was made, whatever it
-says), 1 an expected failure (the index is down, a bad sdist), 2 usage.
+The safe target is the newest release the walk reaches without asking a person. Exit
+status: 0 (the outlook was made, whatever it says), 1 an expected failure (the index is
+down, a bad sdist), 2 usage.
 """
 
 
@@ -42,7 +50,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--to", metavar="VERSION", help="only the releases up to VERSION")
     g.add_argument("--releases", metavar="A,B", help="exactly these releases (comma-separated)")
-    p.add_argument("--tests", action="store_true", help="also run each change's tests")
+    p.add_argument("--tests", action="store_true", help="also run the proofs a rebase runs")
     p.add_argument(
         "--test-python",
         metavar="PATH",

@@ -10,21 +10,24 @@ from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.track.track import exit_code, track
 
-HELP = "rebase a copy of the project onto the newest vLLM release and write a PR body"
+HELP = "walk a copy of the project to the newest vLLM release and write a PR body"
 DESCRIPTION = """\
 What a scheduled CI job runs (.github/workflows/track-upstream.yml, `make track`):
 
 1. find the newest final release on the package index (or --to V); if upstream.lock already
    pins it, say so and exit 0;
-2. rebase a COPY of the project: a git worktree of the project's repository on branch
-   track/vllm-<version> in .work/track/vllm-<version> (never your checkout or branch), with
-   proofs (the tests of dropped changes) and, with --suite, vLLM's kv_connector suite on the
-   rebased tree;
-3. write track-report.md (a pull-request body: old -> new pin, each change's outcome and
-   why, dropped changes with their proof, the suite comparison, what a person must do) and
-   track-report.json into --report-dir (default .work/track); when the rebase completed,
-   commit the rebased upstream.lock and overlay/ on the branch. On a stop the report carries
-   the conflict hunks and the commands to resume.
+2. rebase a COPY of the project, walking release by release: a git worktree of the
+   project's repository on branch track/vllm-<version> in .work/track/vllm-<version> (never
+   your checkout or branch), with proofs (the tests of dropped changes, at the release where
+   each drops), the resolution records of the previous run's branch, and, with --suite,
+   vLLM's kv_connector suite on the rebased tree;
+3. write track-report.md (a pull-request body: old -> new pin, the walk, each change's
+   outcome and why, dropped changes with their release and proof, the suite comparison,
+   what a person must do) and track-report.json into --report-dir (default .work/track).
+   When the rebase completed, commit the rebased upstream.lock and overlay/ on the branch;
+   when it stopped, commit the walk up to the stop (the series moved to the newest release
+   before it that needs nobody), and the report carries the conflict hunks and the
+   commands to resume from the branch.
 
 One run per project at a time; an interrupted run leaves your checkout and branch as they
 were, and the next run starts clean. Exit status: 0 up to date or ready for review, 1 needs

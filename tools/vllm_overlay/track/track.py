@@ -6,9 +6,10 @@
    ``track/vllm-<version>`` at ``.work/track/vllm-<version>`` (made from HEAD; never the
    person's checkout or branch). A leftover of an interrupted run is removed first, so every
    run starts clean.
-3. ``rebase`` in the copy, with proofs for dropped changes; optionally vLLM's suite on the
-   rebased tree. When it completes, the rebased upstream.lock and overlay/ are committed on
-   the branch.
+3. ``rebase`` in the copy (the walk, release by release, with proofs for dropped changes
+   and the previous branch's resolution records); optionally vLLM's suite on the rebased
+   tree. When it completes, the rebased upstream.lock and overlay/ are committed on the
+   branch; when it stops, the walk up to the stop is (``_walk_up_to_the_stop``).
 4. ``track-report.md`` (a pull-request body) and ``track-report.json``.
 
 One tracking run per project at a time (a lock under ``.work/``); a second one is refused
