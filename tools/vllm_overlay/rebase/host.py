@@ -122,10 +122,18 @@ class SdistHost:
         self.members = MemberCache()
         self.timings: dict[str, float] = {}
         self._proved: dict[tuple[str, str], Proof] = {}  # proofs made ahead, in a batch
+        self._sdists: dict[str, tuple[Path, str]] = {}
+        self._names: dict[str, frozenset[str]] = {}
 
     # -- files -------------------------------------------------------------------------------
 
     def _sdist(self, version: str) -> tuple[Path, str]:
+        """The release's sdist, verified once per walk (the walk asks for it at every step)."""
+        if version not in self._sdists:
+            self._sdists[version] = self._fetch_sdist(version)
+        return self._sdists[version]
+
+    def _fetch_sdist(self, version: str) -> tuple[Path, str]:
         if version == self.lock.upstream.version:
             art = self.lock.sdist()
             return ensure_artifact(art, index_url=self.index_url), art.sha256
@@ -139,8 +147,10 @@ class SdistHost:
         return dict(self.members.get(sdist, sha, paths).files)
 
     def names(self, version: str) -> frozenset[str]:
-        sdist, sha = self._sdist(version)
-        return self.members.get(sdist, sha, []).names
+        if version not in self._names:
+            sdist, sha = self._sdist(version)
+            self._names[version] = self.members.get(sdist, sha, []).names
+        return self._names[version]
 
     def lock_for(self, version: str) -> Lock:
         """A lock of the release's sdist alone (what its tree is built from)."""

@@ -145,10 +145,6 @@ class Walk:
         data["forms"] = {k: Form(**v) for k, v in data["forms"].items()}
         return cls(**data)
 
-    def cell(self, change_id: str, release: str) -> dict | None:
-        found = [c for c in self.cells if c["id"] == change_id and c["release"] == release]
-        return found[-1] if found else None
-
     def stops(self) -> list[dict]:
         """Every stop a person met or would meet (settled ones included)."""
         return [c for c in self.cells if c.get("stop")]

@@ -185,19 +185,7 @@ def run_tests(
 ) -> TestRun:
     """Run pytest over ``targets`` from ``workdir`` (the one runner; outcomes from its JUnit
     report, written beside ``log``); the full output goes to ``log``."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    python, env = runner.command(tree, workdir)
-    info(f"running {len(targets)} test target(s) against {tree}")
-    run = pytest_runner.run_pytest(
-        python,
-        ["--rootdir", os.fspath(tree), *targets],
-        cwd=workdir,
-        environ=env,
-        files=pytest_runner.RunFiles(log.parent / f"{log.stem}-files", log_file=log),
-        label="proof",
-        limit=TIMEOUT_S,
-    )
-    return to_test_run(list(targets), python, run)
+    return run_groups(runner, tree, {"all": targets}, workdir, log)["all"]
 
 
 def run_groups(
@@ -219,6 +207,9 @@ def run_groups(
         label="proof",
         limit=TIMEOUT_S,
     )
+    if len(groups) == 1:  # the whole run is the group's: its exit code too
+        [(name, targets)] = groups.items()
+        return {name: to_test_run(list(targets), python, run)}
     out = {}
     for name, targets in groups.items():
         files = {os.path.relpath(t.partition("::")[0], tree).replace(os.sep, "/") for t in targets}
