@@ -1,13 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """On the CPU backend a gated-delta-net model gets a float32 SSM state.
 
-Added by vllm-overlay (our own change; upstream forces float32 only on AMX from vLLM
-0.26.0 and on AVX-512-BF16 from 0.33.0). vLLM 0.24.0's CPU gated-delta-rule kernels
+Added by vllm-overlay (our own change; from vLLM 0.32.0 upstream decides the state's
+dtype on machines with AVX-512-BF16, where its accelerated GDN backend takes a bf16
+state, and leaves it as configured elsewhere). vLLM 0.24.0's CPU gated-delta-rule kernels
 (``chunk_gated_delta_rule_cpu`` for prefill, the fused recurrent update for decode)
 take a float32 state on every ISA, while the default ``mamba_ssm_cache_dtype="auto"``
 gives the model's bf16: on an AVX2 machine every Qwen3-Next/Qwen3.5 prefill stopped
 the engine with "Input tensor dtype mismatch". ``CpuPlatform.check_and_update_config``
-now sets ``mamba_ssm_cache_dtype = "float32"`` for models with linear-attention layers.
+now sets ``mamba_ssm_cache_dtype = "float32"`` for models with linear-attention layers
+on machines without AVX-512-BF16; the tests make the machine one (the ISA probe returns
+False), whatever machine runs them.
 
 The test builds a real ``VllmConfig`` for a tiny Qwen3-Next written to a temporary
 directory (config only, no weights). Running on an unpatched tree: set
@@ -63,6 +66,14 @@ _QWEN3_NEXT = {
     "max_position_embeddings": 4096,
     "torch_dtype": "bfloat16",
 }
+
+
+@pytest.fixture(autouse=True)
+def without_avx512_bf16(monkeypatch):
+    """The machine as an AVX2-only one: the ISA probe the platform asks says no."""
+    import torch
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
 
 
 def _config(tmp_path, **cache) -> VllmConfig:

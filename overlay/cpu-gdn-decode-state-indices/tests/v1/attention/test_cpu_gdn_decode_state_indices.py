@@ -1,26 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The CPU GDN decode with a speculative config: dense state indices, the real conv window.
+"""The CPU GDN decode with a speculative config: dense state indices.
 
-Added by vllm-overlay (our own change; the conv half follows vLLM 0.26.0). With a
-speculative config (every ``extract_hidden_states`` run) a 1-token query (a 1-token
-prompt, the last token of a prompt whose prefix is cached, a 1-token prefill chunk) goes
-to the CPU decode path, where two things went wrong:
+Added by vllm-overlay (our own change). With a speculative config (every
+``extract_hidden_states`` run) a 1-token query (a 1-token prompt, the last token of a
+prompt whose prefix is cached, a 1-token prefill chunk) goes to the CPU decode path,
+where the state indices are column 0 of a block table with ``num_spec + 1`` columns, a
+view with stride ``num_spec + 1``; the fused recurrent update
+(``fused_sigmoid_gating_delta_rule_update_cpu``) checks the last stride of every tensor,
+and the engine died with "tensor must be contiguous at last dimension". ``.contiguous()``
+does not help: a one-element view counts as contiguous whatever its stride. The indices
+are copied to a dense tensor. (Up to vLLM 0.31.0 the change also cut the conv window to
+its ``width - 1`` state columns; vLLM 0.32.0's conv update takes the indices and the
+whole state itself.)
 
-- the state indices are column 0 of a block table with ``num_spec + 1`` columns, a view
-  with stride ``num_spec + 1``; the fused recurrent update
-  (``fused_sigmoid_gating_delta_rule_update_cpu``) checks the last stride of every tensor,
-  and the engine died with "tensor must be contiguous at last dimension".
-  ``.contiguous()`` does not help: a one-element view counts as contiguous whatever its
-  stride. The indices are copied to a dense tensor;
-- the conv state has ``num_spec`` more columns than the ``width - 1`` that hold the state
-  (what prefill writes); the torch conv update took them all, so the token was convolved
-  with a window shifted by one column: silently wrong hidden states for the continuation
-  of a prompt. Only the first ``width - 1`` columns are used and written back, as vLLM
-  0.26.0 does.
-
-The compiled CPU op is replaced by a recorder that makes the kernel's check (the source
-tree has no ``vllm._C``). Running on an unpatched tree: set ``VLLM_OVERLAY_TREE=pristine``;
-the tests that need the fix are then ``xfail(strict=True)``.
+The compiled CPU ops (the conv update and the fused recurrent update) are replaced by
+recorders that make the kernels' checks (the source tree has no ``vllm._C``). Running on
+an unpatched tree: set ``VLLM_OVERLAY_TREE=pristine``; the tests that need the fix are
+then ``xfail(strict=True)``.
 """
 
 import os
@@ -43,11 +39,6 @@ needs_fix = pytest.mark.xfail(
     _TREE == "pristine",
     reason="needs dense GDN state indices for the CPU fused decode update",
     strict=True,
-)
-
-pytestmark = pytest.mark.skipif(
-    torch.cpu._is_amx_tile_supported(),
-    reason="AMX machines take the compiled conv update (also a _C op)",
 )
 
 HEADS, HEAD_K, HEAD_V, WIDTH, SLOTS = 2, 8, 8, 4, 6
@@ -94,20 +85,37 @@ class _Layer:
         )
 
 
+def _check_strides(kw):
+    for name, t in kw.items():
+        if isinstance(t, torch.Tensor) and t.dim() and name not in (
+            "initial_state_source",
+            "conv_state",
+            "conv_states",
+        ):
+            if t.stride(-1) != 1:
+                raise RuntimeError(f"{name} must be contiguous at last dimension")
+
+
 @pytest.fixture
 def fused_update(monkeypatch):
-    """The compiled fused recurrent update, replaced by a recorder with its checks."""
+    """The compiled conv and fused recurrent updates, replaced by recorders with their
+    checks; the conv update returns its input, so q is the input's q."""
     seen = []
 
+    def conv(**kw):
+        _check_strides(kw)
+        seen.append({"conv_indices": kw["conv_state_indices"].tolist()})
+        return kw["x"]
+
     def op(**kw):
-        for name, t in kw.items():
-            if isinstance(t, torch.Tensor) and t.dim() and name != "initial_state_source":
-                if t.stride(-1) != 1:
-                    raise RuntimeError(f"{name} must be contiguous at last dimension")
+        _check_strides(kw)
         seen.append({"indices": kw["initial_state_indices"].tolist(), "q": kw["q"].clone()})
         q = kw["q"]
         return torch.zeros(1, q.shape[1], HEADS, HEAD_V, dtype=q.dtype)
 
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(gdn_attention, "is_arm_bf16", lambda: False)
+    monkeypatch.setattr(gdn_attention, "causal_conv1d_update_cpu", conv)
     monkeypatch.setattr(gdn_attention.ops, "fused_sigmoid_gating_delta_rule_update_cpu", op)
     return seen
 
@@ -142,30 +150,23 @@ def _decode_one_token(layer, monkeypatch, num_spec: int, x: torch.Tensor) -> Non
     )
 
 
-def _expected_q(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-    """The conv over the window [history, x] (all-ones weights), SiLU, as q."""
-    window = torch.cat([layer.history, x.t()], dim=-1).float()
-    conv = torch.nn.functional.silu(window.sum(-1)).to(torch.bfloat16)
-    return conv[: HEADS * HEAD_K].reshape(1, 1, HEADS, HEAD_K)
+def _expected_q(x: torch.Tensor) -> torch.Tensor:
+    """q as the recorded conv update leaves it: the input's first part."""
+    return x[:, : HEADS * HEAD_K].reshape(1, 1, HEADS, HEAD_K)
 
 
 @needs_fix
 def test_one_token_query_with_a_speculative_config(monkeypatch, fused_update):
     layer, x = _Layer(num_spec=1), torch.randn(1, DIM, dtype=torch.bfloat16)
     _decode_one_token(layer, monkeypatch, 1, x)
-    (call,) = fused_update
-    assert call["indices"] == [3]
-    torch.testing.assert_close(call["q"], _expected_q(layer, x))
-    # The state moves one column (history[1:], x); the extra column is left alone.
-    state = layer.conv_state(3)
-    torch.testing.assert_close(state[:, : WIDTH - 2], layer.history[:, 1:])
-    torch.testing.assert_close(state[:, WIDTH - 2], x[0])
-    assert (state[:, WIDTH - 1 :] == 100.0).all()
+    conv, call = fused_update
+    assert conv["conv_indices"] == [3] and call["indices"] == [3]
+    torch.testing.assert_close(call["q"], _expected_q(x))
 
 
 def test_one_token_query_without_speculation(monkeypatch, fused_update):
     layer, x = _Layer(num_spec=0), torch.randn(1, DIM, dtype=torch.bfloat16)
     _decode_one_token(layer, monkeypatch, 0, x)
-    (call,) = fused_update
-    assert call["indices"] == [3]
-    torch.testing.assert_close(call["q"], _expected_q(layer, x))
+    conv, call = fused_update
+    assert conv["conv_indices"] == [3] and call["indices"] == [3]
+    torch.testing.assert_close(call["q"], _expected_q(x))

@@ -1,18 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""On the CPU backend the fused Mamba "align" postprocess runs without Triton.
+"""On the CPU backend the fused Mamba "align" state copies run without Triton.
 
 Added by vllm-overlay (our own change: vLLM up to 0.33.0 has no CPU implementation of
-``mamba_utils.postprocess_mamba_fused_kernel``). A hybrid model with a speculative
-config (``extract_hidden_states`` included) and prefix caching (Mamba cache mode
-"align") runs this kernel after every step, to move each request's SSM and conv state to
-the block of its last accepted token. On the CPU backend it is a Triton kernel with no
-driver, so the first step stopped the engine ("'function' object is not
-subscriptable"). ``cpu_triton_utils.postprocess_mamba_fused_kernel`` takes the same
-decisions over the same metadata and copies with memmove.
+``mamba_utils.postprocess_mamba_fused_kernel`` nor, from 0.31.0, of
+``precopy_mamba_align_fused_kernel``). A hybrid model with a speculative config
+(``extract_hidden_states`` included) and prefix caching (Mamba cache mode "align") runs
+the precopy before every step and the postprocess after it, to move each request's SSM
+and conv state between blocks. On the CPU backend both are Triton kernels with no
+driver, so the first step stopped the engine ("'function' object is not subscriptable").
+The CPU platform registers CPU twins for Triton kernels through vLLM's kernel dispatcher
+(``CpuPlatform.register_triton_kernel_overrides``); ours take the same decisions over the
+same metadata and copy with memmove.
 
-These tests drive the real caller (``MambaSpecDecodeGPUContext.run_fused_postprocess``,
-with its metadata built by ``initialize_from_forward_context``) and compare every state
-with the copies the kernel's contract describes. Running on an unpatched tree: set
+These tests drive the real callers (``MambaSpecDecodeGPUContext.run_fused_postprocess``
+and ``run_fused_precopy``, with their metadata built by
+``initialize_from_forward_context``) and compare every state with the copies the
+kernels' contract describes. Running on an unpatched tree: set
 ``VLLM_OVERLAY_TREE=pristine``; the tests that need the fix are then
 ``xfail(strict=True)``.
 """
@@ -32,7 +35,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
 from vllm.triton_utils import HAS_TRITON
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
 from vllm.v1.utils import CpuGpuBuffer
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.platforms.cpu import CpuPlatform
 from vllm.v1.worker.mamba_utils import MambaSpecDecodeGPUContext
 
 _TREE = os.environ.get("VLLM_OVERLAY_TREE", "patched")
@@ -43,7 +46,7 @@ if _TREE not in ("patched", "pristine"):
 
 needs_fix = pytest.mark.xfail(
     _TREE == "pristine",
-    reason="needs the CPU implementation of the fused Mamba align postprocess",
+    reason="needs the CPU implementations of the fused Mamba align copies",
     strict=True,
 )
 
@@ -56,10 +59,15 @@ BLOCK, BLOCKS, WIDTH, DIM = 4, 8, 3, 6  # conv state: WIDTH (= kernel - 1) x DIM
 
 @pytest.fixture
 def cpu_kernels():
-    """The module attributes as CPUModelRunner leaves them (restored afterwards)."""
+    """The kernels as the CPU platform registers them (restored afterwards)."""
+    from vllm.triton_utils import dispatcher
+
     before = {n: dict(vars(m)) for n, m in sys.modules.items() if n.startswith("vllm.")}
-    CPUModelRunner._postprocess_triton(object.__new__(CPUModelRunner))
+    registry = dict(dispatcher._registry)
+    CpuPlatform.register_triton_kernel_overrides()
     yield
+    dispatcher._registry.clear()
+    dispatcher._registry.update(registry)
     for name, saved in before.items():
         module = sys.modules[name]
         for key, value in saved.items():
@@ -94,20 +102,22 @@ def _context(conv, ssm, block_table):
         kv_cache_groups=[KVCacheGroupSpec(["gdn"], spec)],
     )
 
+    copy_funcs = {spec.mamba_type: (get_conv_copy_spec, get_temporal_copy_spec)}
+
     def make_buffer(*size, dtype):
         return CpuGpuBuffer(*size, dtype=dtype, device="cpu", pin_memory=False)
 
     ctx = MambaSpecDecodeGPUContext.create(
         max_num_reqs=2,
         kv_cache_config=config,
-        num_state_types=2,
+        copy_funcs=copy_funcs,
         device=torch.device("cpu"),
         make_buffer=make_buffer,
     )
     ctx.initialize_from_forward_context(
         config,
         {"gdn": SimpleNamespace(kv_cache=[conv, ssm])},
-        (get_conv_copy_spec, get_temporal_copy_spec),
+        copy_funcs,
         [block_table],
     )
     return ctx
@@ -176,3 +186,34 @@ def test_a_state_moves_to_another_block(cpu_kernels):
     assert torch.equal(conv, expected_conv)
     assert torch.equal(ssm, expected_ssm)
     assert ctx.num_accepted_tokens_out[:1].tolist() == [1]
+
+
+@needs_fix
+def test_the_precopy_moves_the_previous_blocks_state_before_the_step(cpu_kernels):
+    conv, ssm = _states()
+    conv0, ssm0 = conv.clone(), ssm.clone()
+    block_table = torch.tensor([[5, 2, 7, 0, 0, 0], [1, 6, 3, 4, 0, 0]], dtype=torch.int32)
+    ctx = _context(conv, ssm, block_table)
+
+    def i32(values):
+        return torch.tensor(values, dtype=torch.int32)
+
+    # Request 0 crossed from block index 0 to 1 with 2 accepted tokens (bias 1): its
+    # conv window shifts by one token into block index 1, and its SSM state is the one
+    # of the accepted token (block index 0 + 1). Request 1 stays in block index 2:
+    # nothing moves.
+    ctx.run_fused_precopy(
+        num_reqs=2,
+        state_idx_gpu=i32([1, 2]),
+        src_col_gpu=i32([0, 2]),
+        token_bias_gpu=i32([1, 0]),
+        idx_mapping=None,
+    )
+    src_block, dst_block, bias = int(block_table[0, 0]), int(block_table[0, 1]), 1
+    expected_conv, expected_ssm = conv0.clone(), ssm0.clone()
+    _conv_rows(expected_conv, dst_block)[: WIDTH - bias] = _conv_rows(conv0, src_block)[
+        bias:
+    ]
+    expected_ssm[dst_block] = ssm0[int(block_table[0, 0 + bias])]
+    assert torch.equal(conv, expected_conv)
+    assert torch.equal(ssm, expected_ssm)
