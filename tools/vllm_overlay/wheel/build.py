@@ -13,6 +13,7 @@ partial in the output directory.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import BuildError, LockFileError, UsageError
-from vllm_overlay.gitrepo import git
+from vllm_overlay.gitrepo import git, show_bytes
 from vllm_overlay.overlay.checkout import apply_overlay, is_checkout, plan
 from vllm_overlay.overlay.model import overlay_digest
 from vllm_overlay.overlay.project import Project
@@ -49,6 +50,7 @@ from vllm_overlay.wheel.setupbuild import (
     source_command,
 )
 from vllm_overlay.wheel.strategy import STRATEGIES, Target, select_targets
+from vllm_overlay.wheel.variant import onto_official
 from vllm_overlay.wheel.verify import Expectation, VerifyResult, verify_wheel
 
 __all__ = ["DEFAULT_PLATFORM", "STRATEGIES", "BuildOptions", "BuildResult", "WheelBuild", "build",
@@ -115,41 +117,19 @@ def build_tree(p: BuildPlan, opts: BuildOptions) -> Path:
 # -- strategies ----------------------------------------------------------------------------
 
 
-def check_official_files(official: OfficialWheel, p: BuildPlan) -> None:
-    """The files the overlay patches must be in the variant's official wheel, as the pinned
-    tree has them ([base]); otherwise that wheel was not built from this tree and repack
-    cannot place the fix. Each variant's wheel is checked on its own."""
-    where = f"{p.target.variant} ({p.target.platform})"
-    for f in p.files:
-        if not f.in_wheel or f.kind != "patch":
-            continue
-        want = p.lock.base[f.path]
-        if official.member(f.path) is None:
-            raise BuildError(
-                f"{where}: {f.path}: the pinned tree has this file (upstream.lock [base] "
-                f"{want}) and change {f.change_id!r} patches it, but the official wheel "
-                f"{official.path.name} does not contain it. Repack cannot place the change; "
-                "build with --strategy precompiled (vllm only), and check the pin "
-                "(`vllm-overlay lock --check`)."
-            )
-        got = "sha256:" + sha256_bytes(official.read(f.path))
-        if got != want:
-            raise BuildError(
-                f"{where}: {f.path}: the official wheel {official.path.name} holds another "
-                f"version of this file ({got}) than the pinned tree (upstream.lock [base] "
-                f"{want}); that wheel was not built from this tree, so repack would mix the "
-                "two. Leave this variant out (--variant), build vllm with --strategy "
-                "precompiled, and check the pin (`vllm-overlay lock --check`)."
-            )
-
-
-def official_wheel(p: BuildPlan, opts: BuildOptions) -> OfficialWheel:
-    """The plan's official wheel, fetched (sha256 and size checked), read and checked against
-    the pinned tree (``check_official_files``)."""
+def official_wheel(p: BuildPlan, opts: BuildOptions) -> tuple[OfficialWheel, BuildPlan]:
+    """The plan's official wheel, fetched (sha256 and size checked) and read, and the plan
+    with the files as that wheel must carry them (``variant.onto_official``: a variant's
+    own edits of a file the overlay patches are kept)."""
     assert p.official is not None
     wheel = read_official(ensure_artifact(p.official, index_url=opts.index_url))
-    check_official_files(wheel, p)
-    return wheel
+    files = onto_official(
+        p.files,
+        wheel,
+        lambda path: show_bytes(p.repo, p.base, path),
+        f"{p.target.variant} ({p.target.platform})",
+    )
+    return wheel, dataclasses.replace(p, files=files)
 
 
 def _repack(p: BuildPlan, opts: BuildOptions, wheel: OfficialWheel, out_dir: Path) -> Path:
@@ -286,13 +266,15 @@ def build(project: Project, opts: BuildOptions) -> BuildResult:
         for p in plans
         if done[p.key] is None and p.choice.strategy == "repack"
     }
+    plans = [officials[p.key][1] if p.key in officials else p for p in plans]
     wheels: list[WheelBuild] = []
     for n, p in enumerate(plans, 1):
         count = f"[{n}/{len(plans)}] " if len(plans) > 1 else ""
         info(f"{count}building {p.target.variant} for {p.target.platform}")
         same = n > 1 and plans[n - 2].choice == p.choice
         info(f"strategy: {p.choice.strategy} ({'as above' if same else p.choice.reason})")
-        wheels.append(_build_one(project, p, opts, out, done[p.key], officials.get(p.key)))
+        official = officials[p.key][0] if p.key in officials else None
+        wheels.append(_build_one(project, p, opts, out, done[p.key], official))
     return BuildResult(wheels, seconds=time.monotonic() - started)
 
 
@@ -382,6 +364,9 @@ def expectation_for(
         pinned = [a for a in lock.wheels() if a.filename == bw["filename"]]
         if pinned and pinned[0].sha256 == bw["sha256"]:
             official = ensure_artifact(pinned[0], index_url=index_url)
+            files = onto_official(
+                files, read_official(official), lambda p: show_bytes(repo, base, p), bw["filename"]
+            )
     return Expectation(
         files=files,
         overlay_digest=overlay_digest(overlay.dir),

@@ -9,9 +9,11 @@ view with stride ``num_spec + 1``; the fused recurrent update
 (``fused_sigmoid_gating_delta_rule_update_cpu``) checks the last stride of every tensor,
 and the engine died with "tensor must be contiguous at last dimension". ``.contiguous()``
 does not help: a one-element view counts as contiguous whatever its stride. The indices
-are copied to a dense tensor. (Up to vLLM 0.31.0 the change also cut the conv window to
-its ``width - 1`` state columns; vLLM 0.32.0's conv update takes the indices and the
-whole state itself.)
+are copied to a dense tensor. From vLLM 0.32.0 a speculative config takes the
+spec-aware path (``_spec_aware_nonspec``, for the wide conv buffer), which calls
+``.contiguous()`` on the indices: a no-op for one request, and the engine still died
+there. (Up to 0.31.0 the change also cut the conv window to its ``width - 1`` state
+columns; 0.32.0's spec-aware path does that itself.)
 
 The compiled CPU ops (the conv update and the fused recurrent update) are replaced by
 recorders that make the kernels' checks (the source tree has no ``vllm._C``). Running on
@@ -114,6 +116,7 @@ def fused_update(monkeypatch):
         return torch.zeros(1, q.shape[1], HEADS, HEAD_V, dtype=q.dtype)
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(gdn_attention, "is_arm_bf16", lambda: False)
     monkeypatch.setattr(gdn_attention, "causal_conv1d_update_cpu", conv)
     monkeypatch.setattr(gdn_attention.ops, "fused_sigmoid_gating_delta_rule_update_cpu", op)
@@ -121,9 +124,10 @@ def fused_update(monkeypatch):
 
 
 def _decode_one_token(layer, monkeypatch, num_spec: int, x: torch.Tensor) -> None:
-    # Column 0 of a [2 requests, num_spec + 1] block table, as the metadata builder
+    # Column 0 of a [requests, num_spec + 1] block table, as the metadata builder
     # takes it; the request being decoded holds slot 3.
-    rows = [[3, 4], [5, 1]]
+    # One request: its index column is a one-element view with stride num_spec + 1.
+    rows = [[3, 4]]
     block_table = torch.tensor([r[: num_spec + 1] for r in rows], dtype=torch.int32)
     metadata = GDNAttentionMetadata(
         num_prefills=0,
