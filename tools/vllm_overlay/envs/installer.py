@@ -119,6 +119,16 @@ def _find_links_args() -> list[str]:
     return args
 
 
+def find_links_files() -> tuple[str, ...]:
+    """The file names in pip's find-links directories (a URL's page is not read)."""
+    names: set[str] = set()
+    for link in _pip_setting("find-links").split():
+        path = Path(link.removeprefix("file://"))
+        if "://" not in link.removeprefix("file://") and path.is_dir():
+            names.update(p.name for p in path.iterdir())
+    return tuple(sorted(names))
+
+
 def uv_index_args() -> list[str]:
     """pip's indexes and find-links as uv options."""
     env = uv_index_env()
