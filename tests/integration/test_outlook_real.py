@@ -1,18 +1,18 @@
-"""The outlook of the series on main against the real vLLM releases 0.25.0 - 0.33.0."""
+"""The outlook of the 0.24.0 line's series (the last commit that pins 0.24.0) against the real
+vLLM releases 0.25.0 - 0.33.0."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 from conftest import run_cli, tree_snapshot
+from lines import line_project
 
 pytestmark = pytest.mark.network
 
-REPO = Path(__file__).resolve().parents[2]
 RELEASES = ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
             "0.31.0", "0.32.0", "0.33.0"]  # fmt: skip
 
@@ -58,11 +58,7 @@ def _row(data: dict, change: str) -> list[dict]:
 
 @pytest.fixture
 def real_project(tmp_path) -> Path:
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copy2(REPO / "upstream.lock", root / "upstream.lock")
-    shutil.copytree(REPO / "overlay", root / "overlay")
-    return root
+    return line_project(tmp_path / "project", "0.24.0")
 
 
 def test_series_on_main_against_every_release(real_project):

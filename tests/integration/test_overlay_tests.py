@@ -1,7 +1,7 @@
 """The overlay's own tests, run with vLLM's pytest on the patched and on the pristine tree.
 
 On the tree `vllm-overlay apply` makes, every test of every change must pass. On pristine
-vLLM 0.24.0 (with our test files added), the tests that need a fix are marked
+the pinned vLLM (with our test files added), the tests that need a fix are marked
 ``xfail(strict=True)`` by ``VLLM_OVERLAY_TREE=pristine``: pytest must report each as
 xfailed (a strict xfail that passes is a failure), so the behavioural tests are proven to
 fail without the fix. Both runs print a one-screen summary.
@@ -22,7 +22,7 @@ from vllm_overlay.pin.lockfile import ABSENT, read_lock
 from vllm_overlay.pin.trees import upstream_repo
 
 ROOT = Path(__file__).resolve().parents[2]
-END_TO_END = "test_hybrid_verifier_hidden_states_round_trip"
+END_TO_END = "test_hidden_states_saved_from_a_cpu_cache"
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

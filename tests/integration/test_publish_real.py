@@ -56,14 +56,14 @@ def test_publish_real_wheel(
     tmp_path: Path, publish_cli, serve, pypi: PyPI, credentials: None, publish_env
 ) -> None:
     wheel = build_real_wheel(tmp_path / "dist")
-    assert wheel.name.startswith("vllm-0.24.0+") and wheel.name.endswith(f"-{REAL_TAG}.whl")
+    assert wheel.name.startswith("vllm-0.32.0+") and wheel.name.endswith(f"-{REAL_TAG}.whl")
     digest = sha256_of(wheel)
     index = tmp_path / "index"
     assert publish_cli(wheel, "--to", index).rc == 0
     static = serve(index)
     dest = tmp_path / "from-static"
     got = pip_download(
-        publish_env, f"{static.url}simple/", "vllm==0.24.0", dest, *REAL_TAG_PIP_OPTIONS
+        publish_env, f"{static.url}simple/", "vllm==0.32.0", dest, *REAL_TAG_PIP_OPTIONS
     )
     assert got.returncode == 0, got.stdout + got.stderr
     assert sha256_of(dest / wheel.name) == digest

@@ -1,7 +1,8 @@
 """The real overlay and lock rebased onto real vLLM releases (network, cached).
 
-Each test starts from a fresh clone of this repository (the committed series on 0.24.0) and
-moves it with `vllm-overlay rebase`, proofs included: a dropped change's tests run against the
+Each test starts from a fresh clone of this repository at the head of its 0.24.0 line (the last
+commit that pins 0.24.0: fifteen changes, nine newer releases) and moves it with
+`vllm-overlay rebase`, proofs included: a dropped change's tests run against the
 pristine release in that release's own test environment. 0.25.0 runs in `make test`; the
 further releases (each a test environment of its own) run in `make test-releases`.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from lines import line_clone
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITS = {  # full release commits, each checked against the abbreviation its sdist records
@@ -60,9 +62,9 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
 def fresh_clone(tmp_path: Path) -> Path:
-    """A clone of this repository's committed HEAD: what CI and a new user start from."""
-    root = tmp_path / "project"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(root)], check=True)
+    """A clone of this repository at the 0.24.0 line's head: what a person carrying that
+    line forward starts from."""
+    root = line_clone(tmp_path / "project", "0.24.0")
     doc = tomllib.loads((root / "upstream.lock").read_text())
     assert doc["upstream"]["version"] == "0.24.0"
     ids = [c["id"] for c in tomllib.loads((root / "overlay/overlay.toml").read_text())["change"]]

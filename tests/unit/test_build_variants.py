@@ -15,7 +15,6 @@ from fixtures_build import build_args, last_line, members, pin_official_wheel, r
 from synthetic import ARM, CONNECTOR, PLATFORMS_INIT, X86, release_files
 from vllm_overlay.errors import BuildError, UsageError
 from vllm_overlay.overlay.project import Project
-from vllm_overlay.pin.lockfile import read_lock
 from vllm_overlay.wheel.build import BuildOptions, build
 from vllm_overlay.wheel.provenance import read_from_wheel
 from vllm_overlay.wheel.strategy import Target, choose_strategy, select_targets

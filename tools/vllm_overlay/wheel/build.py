@@ -30,7 +30,7 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import cached_path, ensure_artifact
 from vllm_overlay.pin.lockfile import DEFAULT_PLATFORM
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.util import exclusive_lock, info, sha256_bytes
+from vllm_overlay.util import exclusive_lock, info
 from vllm_overlay.wheel.metadata import parse_name
 from vllm_overlay.wheel.output import place, refusal, scratch, up_to_date
 from vllm_overlay.wheel.plan import BuildOptions, BuildPlan, inputs, package_name, plan_build
