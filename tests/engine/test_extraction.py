@@ -9,7 +9,7 @@ proposer, bit for bit (the probe plugin's record).
 from __future__ import annotations
 
 import pytest
-from engine.checks import assert_right
+from engine.checks import assert_generated, assert_right
 from engine.sessions import BATCH, LONG
 
 
@@ -45,6 +45,16 @@ def test_dense_control(engine_session, case):
     assert_right(engine_session("ours-dense"), case)
 
 
+@pytest.mark.parametrize("session", ["ours-hybrid", "ours-dense"])
+def test_generated_tokens_are_the_models_greedy_choice(engine_session, session):
+    """vllm#56417 and #56442 report duplicated output tokens with extraction on (the
+    proposer reads only column 0 of sampled_token_ids). 16 greedy tokens per prompt: each is
+    the model's own choice given the tokens before it, and the files are right."""
+    s = engine_session(session)
+    assert_right(s, "decode")
+    assert_generated(s, "decode")
+
+
 def test_offline_collector_pattern(engine_session):
     """use_synchronization_lock (on by default): the module's load_hidden_states waits for the
     write, cleanup_hidden_states removes the file and its lock; nothing is left."""
@@ -67,7 +77,9 @@ def test_an_aborted_waiting_request_leaves_the_engine_working(engine_session):
 def test_every_case_ran_in_one_engine(engine_session):
     s = engine_session("ours-hybrid")
     assert s.result["start_error"] is None
-    assert set(s.result["cases"]) == {"batch", "long", "tail", "repeat", "collector", "abort"}
+    assert set(s.result["cases"]) == {
+        "batch", "long", "tail", "repeat", "collector", "abort", "decode"
+    }  # fmt: skip
     assert [len(r["prompt"]) for r in s.requests("batch")] == [len(p) for p in BATCH]
 
 

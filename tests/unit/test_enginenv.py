@@ -42,7 +42,11 @@ def test_the_cpu_build_in_find_links_is_kept_and_companions_without_one_left_out
 
 
 def test_a_wheel_without_a_local_torch_pin_needs_no_override(tmp_path):
-    assert enginenv.overrides_for(wheel(tmp_path, ("torch==2.11.0", "numpy"))) == ()
+    w = wheel(tmp_path, ("torch==2.11.0", "numpy"))
+    assert enginenv.overrides_for(w, find_links=()) == ()
+    # unless find-links holds a local build of that release, which == would let in
+    cpu = ("torch-2.11.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",)
+    assert enginenv.overrides_for(w, find_links=cpu) == ("torch===2.11.0",)
 
 
 def test_the_recipe_follows_the_wheels_bytes_and_the_pinned_set(tmp_path, monkeypatch):

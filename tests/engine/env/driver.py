@@ -163,7 +163,9 @@ def _keep(path: str, dest: Path, collector: bool) -> dict:
 def generate(llm, case: dict, saved: Path) -> dict:
     from vllm import SamplingParams
 
-    outputs = llm.generate(_prompts(case["prompts"]), SamplingParams(max_tokens=1))
+    max_tokens = case.get("max_tokens", 1)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate(_prompts(case["prompts"]), params)
     requests = []
     for i, (prompt, out) in enumerate(zip(case["prompts"], outputs, strict=True)):
         params = out.kv_transfer_params or {}
@@ -173,6 +175,8 @@ def generate(llm, case: dict, saved: Path) -> dict:
             "num_cached_tokens": out.num_cached_tokens or 0,
             "path": params.get("hidden_states_path"),
         }
+        if max_tokens > 1:  # the tokens the engine generated (vllm#56417, #56442)
+            entry["output"] = list(out.outputs[0].token_ids)
         if entry["path"]:
             dest = saved / f"{case['name']}-{i}.safetensors"
             entry.update(_keep(entry["path"], dest, case.get("collector", False)))
@@ -238,6 +242,8 @@ def check(spec: dict, result: dict, saved: Path) -> None:
     prompts = {r["request_id"]: r["prompt"] for r in requests}
     for r in requests:
         r["checks"] = check_one(r, reference, probe, prompts, spec["tolerance"])
+        if "output" in r:
+            r["checks"]["output"] = reference.generated(r["prompt"], r["output"])
     result["worst"] = worst(requests)
 
 
@@ -289,6 +295,29 @@ class Reference:
                 per_layer.append(h[0].float())
             self.cache[key] = per_layer
         return self.cache[key]
+
+    def generated(self, prompt: list[int], output: list[int]) -> dict:
+        """The engine's generated tokens against the model's greedy choice at each step,
+        given the engine's own tokens before it (one forward pass): how many equal it, and
+        for each that does not, the model's logit gap between its choice and the engine's
+        (a near tie is bf16 against float32; a duplicated token is not)."""
+        torch = self.torch
+        tokens = prompt + output[:-1]
+        with torch.no_grad():
+            logits = self.model(torch.tensor([tokens])).logits[0].float()
+        steps = logits[len(prompt) - 1 :]
+        choice = steps.argmax(dim=-1).tolist()
+        differ = []
+        for i, (want, got) in enumerate(zip(choice, output, strict=True)):
+            if want != got:
+                gap = float(steps[i, want] - steps[i, got])
+                top = float(steps[i, want].abs().clamp_min(1e-12))
+                differ.append({"step": i, "model": want, "engine": got, "gap": gap,
+                               "rel_gap": gap / top})  # fmt: skip
+        repeats = sum(1 for a, b in zip(output, output[1:], strict=False) if a == b)
+        return {"tokens": len(output), "equal": len(output) - len(differ), "differ": differ,
+                "repeats": repeats, "model_repeats": sum(
+                    1 for a, b in zip(choice, choice[1:], strict=False) if a == b)}  # fmt: skip
 
 
 class Probe:

@@ -154,7 +154,7 @@ def overrides_for(wheel: Path, find_links: Sequence[str] | None = None) -> tuple
     with zipfile.ZipFile(wheel) as zf:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         meta = Parser().parsestr(zf.read(name).decode("utf-8"))
-    torch, companions = None, []
+    torch, exact, companions = None, None, []
     for line in meta.get_all("Requires-Dist") or []:
         req = Requirement(line)
         if req.marker and "extra" in str(req.marker):
@@ -165,9 +165,14 @@ def overrides_for(wheel: Path, find_links: Sequence[str] | None = None) -> tuple
         for spec in req.specifier if dist == "torch" else ():
             if spec.operator == "==" and "+" in spec.version:
                 torch = spec.version
-    if torch is None:
-        return ()
+            elif spec.operator == "==":
+                exact = spec.version
     files = installer.find_links_files() if find_links is None else find_links
+    if torch is None:
+        # ``torch==X`` (vLLM's CUDA build): PEP 440 lets find-links' ``X+cpu`` meet it, and
+        # the resolver prefers it; ``===X`` keeps the index's build the wheel was made for.
+        local = exact is not None and any(f.startswith(f"torch-{exact}+") for f in files)
+        return (f"torch==={exact}",) if local else ()
     release, local = torch.split("+", 1)
 
     def found(prefix: str) -> bool:
