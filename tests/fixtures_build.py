@@ -136,13 +136,14 @@ FAKE_BUILD_REQUIREMENTS = "setuptools>=40\nwheel\ntorch==2.11.0\n"
 FAKE_CMAKELISTS = "cmake_minimum_required(VERSION 3.26)\nproject(vllm)\n"
 
 
-def torch_stub(root: Path, *, cuda: str | None) -> Path:
-    """A directory holding a `torch` package that reports ``cuda`` (None: a CPU build)."""
+def torch_stub(root: Path, *, cuda: str | None, version: str = "2.11.0") -> Path:
+    """A directory holding a `torch` package ``version`` that reports ``cuda`` (None: a CPU
+    build)."""
     pkg = root / "torch"
     (pkg / "utils").mkdir(parents=True, exist_ok=True)
     suffix = f"cu{cuda.replace('.', '')}" if cuda else "cpu"
     (pkg / "__init__.py").write_text(
-        f'__version__ = "2.11.0+{suffix}"\n\n\nclass version:\n'
+        f'__version__ = "{version}+{suffix}"\n\n\nclass version:\n'
         f"    cuda = {cuda!r}\n    hip = None\n    xpu = None\n"
     )
     (pkg / "utils" / "__init__.py").write_text("")

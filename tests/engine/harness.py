@@ -138,9 +138,27 @@ def tiny_models(env) -> dict[str, str]:
     ]  # fmt: skip
     key = hashlib.sha256(MODELS.read_bytes() + "\n".join(writers).encode()).hexdigest()[:16]
     dest = util.cache_dir() / "engine-models" / key
+    index = dest / "models.json"
+    # Written once under the exclusive lock; every user (each pytest-xdist worker) then holds
+    # it shared until it ends, so a reader never takes it exclusively: the other worker's
+    # hold would keep it waiting for the whole run.
+    if not index.is_file():
+        _write_models(env, dest, key)
+    # In use by this run until it ends: `vllm-overlay cache prune` passes them by.
+    util.hold(dest.with_suffix(".lock"), "the engine tests' tiny models")
+    if not index.is_file():  # pruned between the write and the hold
+        util.release(dest.with_suffix(".lock"))
+        _write_models(env, dest, key)
+        util.hold(dest.with_suffix(".lock"), "the engine tests' tiny models")
+    util.touch(dest)
+    return json.loads(index.read_text())
+
+
+def _write_models(env, dest: Path, key: str) -> None:
+    from vllm_overlay import util
+
     with util.exclusive_lock(dest.with_suffix(".lock"), "the engine tests' tiny models"):
-        index = dest / "models.json"
-        if not index.is_file():
+        if not (dest / "models.json").is_file():
             staging = dest.with_name(f"{key}.build")
             shutil.rmtree(staging, ignore_errors=True)
             out = subprocess.run(
@@ -153,10 +171,6 @@ def tiny_models(env) -> dict[str, str]:
             (staging / "models.json").write_text(json.dumps(written))
             shutil.rmtree(dest, ignore_errors=True)
             os.replace(staging, dest)
-    # In use by this run until it ends: `vllm-overlay cache prune` passes them by.
-    util.hold(dest.with_suffix(".lock"), "the engine tests' tiny models")
-    util.touch(dest)
-    return json.loads(index.read_text())
 
 
 @dataclass

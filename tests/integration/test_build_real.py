@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WHEEL_RE = r"vllm-0\.32\.0\+ovl\.\d+\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
 CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 PLATFORM = "vllm/platforms/cpu.py"
+TORCH = "2.13.0"  # what vLLM 0.32.0's requirements/build/cuda.txt pins
 TRITON_UTILS = "vllm/utils/cpu_triton_utils.py"
 # vLLM 0.32.0's requirements/build/cuda.txt without torch, cmake and ninja: what its setup.py
 # imports. torch comes from a stub (precompiled) or is not needed beyond import (empty).
@@ -204,7 +205,7 @@ def test_real_precompiled_build_with_vllms_setup_py(
     """vLLM's own setup.py, VLLM_USE_PRECOMPILED=1 from the cached official wheel. The build
     environment's torch is a stub reporting CUDA 13.0 (the real one is 4.7 GB); vLLM uses it
     only to choose the CUDA target, and verify checks the kernels are the official ones."""
-    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda="13.0")))
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda="13.0", version=TORCH)))
     wheel = build(
         cli, real_project, tmp_path / "dist", "--strategy", "precompiled", "--python", build_python
     )
@@ -222,7 +223,7 @@ def test_real_precompiled_build_with_vllms_setup_py(
 def test_real_precompiled_refuses_a_cpu_torch(
     cli, real_project, tmp_path, build_python, monkeypatch
 ):
-    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None)))
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None, version=TORCH)))
     res = cli(
         "build", "--out", str(tmp_path / "dist"), "--strategy", "precompiled", "--variant", "vllm",
         "--python", build_python, cwd=real_project,
@@ -237,7 +238,7 @@ def test_real_source_driver_with_an_empty_target(
 ):
     """The source strategy's driver on vLLM's real setup.py; VLLM_TARGET_DEVICE=empty runs the
     same code without compiling (this machine cannot: CMake clones the kernels' sources)."""
-    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None)))
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None, version=TORCH)))
     wheel = build(
         cli, real_project, tmp_path / "dist", "--strategy", "source", "--target-device", "empty",
         "--python", build_python,
