@@ -21,11 +21,17 @@ def _git(*args: str, cwd: Path = REPO) -> str:
 
 
 def line_head(version: str, repo: Path = REPO) -> str:
-    """The newest commit of ``repo`` whose upstream.lock pins vLLM ``version``."""
-    for commit in _git("log", "--format=%H", "--", "upstream.lock", cwd=repo).split():
+    """The last commit of ``repo`` whose upstream.lock pins vLLM ``version``: the parent of
+    the commit that moved the pin on (HEAD when the pin is still ``version``)."""
+    moved_on = None  # the newer commit of upstream.lock's history, once past it
+    for commit in _git(
+        "log", "--first-parent", "--format=%H", "--", "upstream.lock", cwd=repo
+    ).split():
         lock = tomllib.loads(_git("show", f"{commit}:upstream.lock", cwd=repo))
         if lock["upstream"]["version"] == version:
-            return commit
+            head = f"{moved_on}^" if moved_on else "HEAD"
+            return _git("rev-parse", head, cwd=repo).strip()
+        moved_on = commit
     raise RuntimeError(
         f"no commit of {repo} pins vllm {version} (a shallow clone? `git fetch --unshallow`)"
     )
