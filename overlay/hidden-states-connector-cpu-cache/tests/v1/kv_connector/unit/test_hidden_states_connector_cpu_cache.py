@@ -105,10 +105,11 @@ def _vllm_config(storage: Path) -> VllmConfig:
 
 
 def _hidden_states_cache() -> tuple[torch.Tensor, torch.Tensor]:
-    """(buffer in this release's layout, view as [block, slot, head, dim])."""
+    """(buffer in this release's layout, the view basic_cache writes through)."""
     if not hasattr(CacheOnlyAttentionBackend, "get_kv_cache_shape"):  # vLLM >= 0.29
+        # [block, head, slot, dim]; from 0.32.0 basic_cache indexes that layout itself
         buffer = torch.zeros(NUM_BLOCKS, NUM_AUX, BLOCK_SIZE, HIDDEN_SIZE, dtype=DTYPE)
-        return buffer, buffer.transpose(1, 2)
+        return buffer, buffer
     buffer = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, NUM_AUX, HIDDEN_SIZE, dtype=DTYPE)
     return buffer, buffer
 
