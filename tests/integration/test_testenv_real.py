@@ -44,7 +44,7 @@ def test_the_real_environment_imports_vllm_from_the_tree(real_tree, real_testenv
     env = real_testenv
     assert (env.path / testenv.MARKER).is_file()
     recipe = json.loads((env.path / "recipe.json").read_text())
-    assert recipe["constraints_file"] == "constraints/testenv-vllm-0.24.0.txt"
+    assert recipe["constraints_file"] == "constraints/testenv-vllm-0.32.0.txt"
     pins = set((ROOT / recipe["constraints_file"]).read_text().splitlines())
     frozen = set((env.path / testenv.FREEZE).read_text().splitlines())
     assert {p for p in pins if not p.startswith("#")} <= frozen  # exactly the pinned set
