@@ -186,17 +186,10 @@ class Session:
     def case(self, name: str) -> dict:
         assert name in self.result["cases"], (
             f"{self.name}: case {name} did not run (died: {self.result.get('died')}; start "
-            f"error: {self.result.get('start_error')}); see {self.dir / 'engine.log'}"
+            f"error: {self.result.get('start_error')}; cpu: {self.result.get('cpu')}); see "
+            f"{self.dir / 'engine.log'}"
         )
         return self.result["cases"][name]
-
-    def skip_if_amx(self) -> None:
-        """Prefix caching on a hybrid model is off on AMX machines in vLLM 0.24.0's CPU
-        backend (the CUDA build runs it whatever the host's CPU)."""
-        import pytest
-
-        if self.result.get("device", "cpu") == "cpu" and self.result.get("cpu", {}).get("amx"):
-            pytest.skip("an AMX CPU: vLLM 0.24.0 turns prefix caching off for linear attention")
 
     def requests(self, case: str) -> list[dict]:
         c = self.case(case)

@@ -24,13 +24,11 @@ def test_hybrid_verifier(engine_session, case):
 @pytest.mark.parametrize("case", ["batch", "long", "tail", "repeat"])
 def test_hybrid_verifier_with_prefix_caching(engine_session, case):
     s = engine_session("ours-hybrid-prefix-caching")
-    s.skip_if_amx()
     assert_right(s, case)
 
 
 def test_a_repeated_prompt_reads_its_prefix_from_the_cache(engine_session):
     s = engine_session("ours-hybrid-prefix-caching")
-    s.skip_if_amx()
     (first,), (again,) = s.requests("long"), s.requests("repeat")
     assert first["prompt"] == again["prompt"] == LONG
     # Hybrid models cache whole attention blocks (256 tokens here): the rows of the cached

@@ -37,7 +37,6 @@ def test_prefix_caching_starts_and_every_token_has_its_row(engine_session, case)
     """vllm#51108 is in 0.32.0 (the engine starts with prefix caching on a hybrid model), and
     vllm#44485 does not reproduce: one right row per token id, the cached prefix's too."""
     s = engine_session("without-hybrid-prefix-caching")
-    s.skip_if_amx()
     assert s.result["start_error"] is None, s.result["start_error"]
     assert_right(s, case)
 
@@ -45,7 +44,6 @@ def test_prefix_caching_starts_and_every_token_has_its_row(engine_session, case)
 def test_a_repeated_prompt_has_every_row_without_our_changes(engine_session):
     """vllm#44485's case: the second request of a prompt reads its prefix from the cache."""
     s = engine_session("without-hybrid-prefix-caching")
-    s.skip_if_amx()
     (again,) = s.requests("repeat")
     assert again["num_cached_tokens"] >= 256, again
     for layer in again["checks"]["layers"]:

@@ -75,8 +75,8 @@ def run(spec: dict, result: dict) -> None:
     import torch
     from vllm import LLM
 
-    # vLLM's CPU backend takes other paths on AMX machines (0.24.0 even turns prefix caching
-    # off for linear attention there): the tests read this to say what did not run.
+    # vLLM's CPU backend takes other kernels on AMX machines (bf16 attention runs AMX tiles,
+    # which need cpu-worker-amx-permission): a session that died says which machine it was.
     result["cpu"] = {"amx": bool(torch.cpu._is_amx_tile_supported())}
     result["device"] = _device()
 
