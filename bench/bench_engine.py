@@ -8,7 +8,9 @@ both extract right, so the comparison is of speed alone. Each engine runs ``--wa
 uncounted rounds, then ``--rounds`` extractions of ``--prompts`` prompts of ``--length``
 tokens (one ``generate``, then every file read with ``load_hidden_states`` and removed, as
 a collector does); the engines run one after the other, never together, ``--repeat`` times
-in the order ours, without, ours, ...
+in the order ours, without, without, ours, ... (ABBA: with an even ``--repeat`` each wheel
+goes first as often as the other, so a machine that warms up or slows down over the run
+favours neither).
 
 Prints each engine's start seconds and per-round tokens/s, the medians, and the ratio of
 ours to without (goal: at least 0.98: the fixes must not slow extraction).
@@ -54,7 +56,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2, help="uncounted rounds first (default 2)")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--length", type=int, default=256)
-    p.add_argument("--repeat", type=int, default=2, help="engine starts per wheel (ABAB…)")
+    p.add_argument("--repeat", type=int, default=2, help="engine starts per wheel (ABBA…)")
     p.add_argument("--model", default="llama", choices=("llama", "qwen3next"))
     p.add_argument("--server-requests", type=int, default=64, help="0: no server bench")
     p.add_argument("--server-concurrency", type=int, default=8)
@@ -78,7 +80,7 @@ def main() -> int:
     bench_prompts = prompts(7, *([args.length] * args.prompts))
     runs: dict[str, list[dict]] = {"ours": [], "without": []}
     for n in range(args.repeat):
-        for kind in ("ours", "without"):
+        for kind in _order(n):
             name = f"{kind}-{n + 1}"
             spec = {
                 "model": models[args.model],
@@ -131,6 +133,11 @@ def main() -> int:
     return 0
 
 
+def _order(n: int) -> tuple[str, str]:
+    """The wheels' order in the n-th repeat: ours first, then without first, and so on."""
+    return ("ours", "without") if n % 2 == 0 else ("without", "ours")
+
+
 def _extract(srv: server.Server, i: int, prompt: list[int], dest: Path) -> float:
     t0 = time.perf_counter()
     reply = srv.complete(prompt, timeout=600)
@@ -151,7 +158,7 @@ def bench_server(args, work: Path, envs: dict, model: str) -> dict:
     warm = prompts(10, *([args.length] * args.server_concurrency))
     runs: dict[str, list[dict]] = {"ours": [], "without": []}
     for n in range(args.repeat):
-        for kind in ("ours", "without"):
+        for kind in _order(n):
             where = work / "servers" / f"{kind}-{n + 1}"
             print(f"server {kind}-{n + 1}: starting", file=sys.stderr)
             with server.serving(envs[kind], model, where, layers=LAYERS, engine=engine) as srv:
