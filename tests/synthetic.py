@@ -15,6 +15,7 @@ import io
 import json
 import os
 import socketserver
+import ssl
 import subprocess
 import tarfile
 import threading
@@ -297,7 +298,9 @@ class IndexServer:
     ``log`` every (path, status, Content-Type sent, Authorization received).
     ``basic_auth=(user, password)`` answers 401 to any request without those credentials;
     ``files_at=URL`` redirects (302) every file request there; ``host`` is the name the URL
-    uses (``localhost`` gives a second "host" on the same loopback).
+    uses (``localhost`` gives a second "host" on the same loopback). ``tls`` (a server-side
+    context) serves HTTPS; ``base_href`` serves HTML pages with ``<base href=…>`` and links
+    relative to it (``"/files/"``: they resolve only through the base).
     """
 
     def __init__(
@@ -308,6 +311,8 @@ class IndexServer:
         basic_auth: tuple[str, str] | None = None,
         files_at: str | None = None,
         host: str = "127.0.0.1",
+        tls: ssl.SSLContext | None = None,
+        base_href: str | None = None,
     ) -> None:
         self.files_dir = files_dir
         self.project = project
@@ -319,6 +324,8 @@ class IndexServer:
         self.basic_auth = basic_auth
         self.files_at = files_at
         self.host = host
+        self.tls = tls
+        self.base_href = base_href
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -383,18 +390,21 @@ class IndexServer:
                         }
                     )
                 accept = self.headers.get("Accept", "")
-                if "application/vnd.pypi.simple.v1+json" in accept and not server.html_only:
+                html_only = server.html_only or server.base_href is not None
+                if "application/vnd.pypi.simple.v1+json" in accept and not html_only:
                     body = json.dumps(
                         {"meta": {"api-version": "1.1"}, "name": project, "files": entries}
                     ).encode()
                     ctype = "application/vnd.pypi.simple.v1+json"
                 else:
                     links = "".join(
-                        f'<a href="{e["url"]}#sha256={e["hashes"]["sha256"]}" '
+                        f'<a href="{href}#sha256={e["hashes"]["sha256"]}" '
                         f'data-requires-python="&gt;=3.10">{e["filename"]}</a>\n'
                         for e in entries
+                        for href in [e["filename"] if server.base_href else e["url"]]
                     )
-                    body = f"<!DOCTYPE html><html><body>\n{links}</body></html>".encode()
+                    head = f'<head><base href="{server.base_href}"></head>' if server.base_href else ""
+                    body = f"<!DOCTYPE html><html>{head}<body>\n{links}</body></html>".encode()
                     ctype = "text/html"
                 self.send_response(200)
                 self.send_header("Content-Type", ctype)
@@ -419,6 +429,16 @@ class IndexServer:
             daemon_threads = True
             allow_reuse_address = True
 
+            def finish_request(self, request, client_address):  # type: ignore[no-untyped-def]
+                if server.tls is None:
+                    return super().finish_request(request, client_address)
+                try:  # the handshake runs in the request's own thread
+                    conn = server.tls.wrap_socket(request, server_side=True)
+                except (ssl.SSLError, OSError):
+                    return  # the client was refused (no trusted certificate); it says why
+                with conn:
+                    super().finish_request(conn, client_address)
+
         self.httpd = Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
 
@@ -435,11 +455,12 @@ class IndexServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.httpd.server_address[1]}/simple"
+        return f"{self.root}/simple"
 
     @property
     def root(self) -> str:
-        return f"http://{self.host}:{self.httpd.server_address[1]}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.httpd.server_address[1]}"
 
     def __enter__(self) -> IndexServer:
         self.thread.start()

@@ -88,17 +88,10 @@ def installer() -> Installer:
 
 
 def _pip_setting(key: str) -> str:
-    """A pip setting, as pip would read it: PIP_<KEY>, else pip's configuration files."""
-    from vllm_overlay.index.client import _pip_config
+    """A pip setting, read by the index client's one reader of pip's configuration."""
+    from vllm_overlay.index.client import pip_setting
 
-    env = os.environ.get("PIP_" + key.upper().replace("-", "_"))
-    if env is not None:
-        return env
-    conf = _pip_config()
-    for section in (":env:", "install", "global"):
-        if f"{section}.{key}" in conf:
-            return conf[f"{section}.{key}"]
-    return ""
+    return pip_setting(key)
 
 
 def uv_index_env() -> dict[str, str]:

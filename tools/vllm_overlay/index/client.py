@@ -1,9 +1,11 @@
 """The one client for reading a package index: simple pages (PEP 691 JSON, PEP 503 HTML as
-fallback) and the files they link, with credentials as pip finds them (``index/auth.py``).
+fallback) and the files they link, with credentials as pip finds them (``index/auth.py``)
+and pip's TLS settings (``cert``: the CA bundle; ``client-cert``: one PEM with the key).
 
 No index host is written here: the index is --index-url, else what pip is configured with
-(PIP_INDEX_URL, pip.conf), else pip's own default, asked from the installed pip. Every URL
-that reaches a message goes through ``auth.redact``.
+(PIP_INDEX_URL, pip.conf), else pip's own default, asked from the installed pip. pip's
+configuration is read here and only here (``pip_setting``; the installer passes it on to uv).
+Every URL that reaches a message goes through ``auth.redact``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import html.parser
 import json
 import os
 import re
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -40,6 +43,8 @@ ACCEPT = f"{JSON_CT}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1
 TIMEOUT = 60.0
 MAX_REDIRECTS = 10
 FETCH_HINT = "Check --index-url / PIP_INDEX_URL (or pip.conf)"
+# pip.conf sections, strongest first (pip: environment, then the command's, then global)
+_SECTIONS = (":env:", "download", "install", "global")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,18 @@ def _pip_config() -> dict[str, str]:
     return conf
 
 
+def pip_setting(key: str) -> str:
+    """A pip setting as pip reads it: PIP_<KEY>, else pip's configuration files ("" if unset)."""
+    env = os.environ.get("PIP_" + key.upper().replace("-", "_"))
+    if env is not None:
+        return env
+    conf = _pip_config()
+    for section in _SECTIONS:
+        if f"{section}.{key}" in conf:
+            return conf[f"{section}.{key}"]
+    return ""
+
+
 def _pip_default_index() -> str:
     try:
         from pip._internal.models.index import PyPI  # pip's own default, not a literal here
@@ -100,7 +117,7 @@ def configured_index_urls(explicit: str | None = None) -> list[str]:
     conf = _pip_config() if not env_primary else {}
     primary = env_primary
     extras: list[str] = []
-    for section in (":env:", "download", "install", "global"):
+    for section in _SECTIONS:
         if primary is None and f"{section}.index-url" in conf:
             primary = conf[f"{section}.index-url"]
         if f"{section}.extra-index-url" in conf and not extras:
@@ -117,7 +134,6 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # redirects surface as HTTPError and are followed by IndexClient.open
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
 _REDIRECTS = (301, 302, 303, 307, 308)
 
 
@@ -132,6 +148,58 @@ def _request(url: str, cred: Credentials | None, accept: str | None) -> urllib.r
     return req
 
 
+TLS_HINT = (
+    "If the index's certificate comes from a private CA, give pip its CA bundle: `cert = "
+    "/path/ca.pem` under [global] in pip.conf (pip config set global.cert /path/ca.pem) or "
+    "PIP_CERT=/path/ca.pem; if the server asks for a client certificate, `client-cert` / "
+    "PIP_CLIENT_CERT names one PEM file holding the certificate and its key"
+)
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """pip's ``cert`` (CA bundle file or directory; empty: the system's CAs) and
+    ``client-cert`` (one PEM file with certificate and key; empty: none)."""
+
+    cert: str = ""
+    client_cert: str = ""
+
+    @classmethod
+    def from_pip(cls) -> TLSSettings:
+        return cls(pip_setting("cert"), pip_setting("client-cert"))
+
+    def describe(self) -> str:
+        ca = f"CA bundle {self.cert} (pip's cert)" if self.cert else "the system's CA certificates"
+        client = f", client certificate {self.client_cert}" if self.client_cert else ""
+        return ca + client
+
+    def context(self) -> ssl.SSLContext:
+        """The verifying context these settings give (as requests' verify=PATH: only that CA
+        bundle when one is set)."""
+        try:
+            if not self.cert:
+                ctx = ssl.create_default_context()
+            elif os.path.isdir(self.cert):
+                ctx = ssl.create_default_context(capath=self.cert)
+            else:
+                ctx = ssl.create_default_context(cafile=self.cert)
+        except (OSError, ssl.SSLError) as e:
+            raise IndexError_(
+                f"pip's `cert` setting names {self.cert}, which is not a readable CA bundle "
+                f"({e}). Fix `cert` in pip.conf or PIP_CERT."
+            ) from None
+        if self.client_cert:
+            try:
+                ctx.load_cert_chain(self.client_cert)
+            except (OSError, ssl.SSLError) as e:
+                raise IndexError_(
+                    f"pip's `client-cert` setting names {self.client_cert}, which is not one "
+                    f"PEM file holding a certificate and its unencrypted key ({e}). Fix "
+                    "`client-cert` in pip.conf or PIP_CLIENT_CERT."
+                ) from None
+        return ctx
+
+
 class IndexClient:
     """GETs from package indexes with pip's credentials: sent only to their own host."""
 
@@ -142,10 +210,28 @@ class IndexClient:
         auth: Auth | None = None,
         timeout: float = TIMEOUT,
         hint: str = FETCH_HINT,
+        tls: TLSSettings | None = None,
     ) -> None:
         self.auth = auth if auth is not None else Auth(index_urls)
         self.timeout = timeout
         self.hint = hint
+        self._tls = tls  # read from pip's configuration at the first https request
+        self._openers: dict[str, urllib.request.OpenerDirector] = {}
+
+    @property
+    def tls(self) -> TLSSettings:
+        if self._tls is None:
+            self._tls = TLSSettings.from_pip()
+        return self._tls
+
+    def _opener(self, url: str) -> urllib.request.OpenerDirector:
+        scheme = "https" if url.lower().startswith("https:") else "http"
+        if scheme not in self._openers:
+            handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+            if scheme == "https":
+                handlers.append(urllib.request.HTTPSHandler(context=self.tls.context()))
+            self._openers[scheme] = urllib.request.build_opener(*handlers)
+        return self._openers[scheme]
 
     def open(
         self, url: str, *, accept: str | None = None, other_hosts: bool = True
@@ -181,6 +267,13 @@ class IndexClient:
                     f"{self.hint} and the server's health."
                 ) from None
             except (urllib.error.URLError, OSError, TimeoutError) as e:
+                cause = e.reason if isinstance(e, urllib.error.URLError) else e
+                if isinstance(cause, ssl.SSLError):
+                    raise IndexError_(
+                        f"the TLS connection to the package index at {redact(url)} failed "
+                        f"({redact(str(cause))}), verifying with {self.tls.describe()}. "
+                        f"{TLS_HINT}. {self.hint}."
+                    ) from None
                 reason = redact(str(getattr(e, "reason", e)))
                 raise IndexError_(
                     f"the package index at {redact(url)} is unreachable ({reason}). Check the "
@@ -190,8 +283,9 @@ class IndexClient:
 
     def _send(self, url: str, accept: str | None) -> HTTPResponse:
         cred = self.auth.for_url(url)
+        opener = self._opener(url)
         try:
-            return _OPENER.open(_request(url, cred, accept), timeout=self.timeout)
+            return opener.open(_request(url, cred, accept), timeout=self.timeout)
         except urllib.error.HTTPError as e:
             if e.code != 401:
                 raise
@@ -199,7 +293,7 @@ class IndexClient:
             if retry is None or retry == cred:
                 raise
             e.close()
-        return _OPENER.open(_request(url, retry, accept), timeout=self.timeout)
+        return opener.open(_request(url, retry, accept), timeout=self.timeout)
 
     def page(self, url: str, *, other_hosts: bool = True) -> Page | None:
         """A simple page; file:// URLs read the directory's index.json or index.html."""
@@ -269,10 +363,13 @@ class _LinkParser(html.parser.HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.links: list[dict[str, str | None]] = []
+        self.base: str | None = None  # the first <base href>, as HTML takes it
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self.links.append(dict(attrs))
+        elif tag == "base" and self.base is None:
+            self.base = dict(attrs).get("href") or None
 
 
 def parse_page(page: Page) -> list[IndexFile]:
@@ -295,12 +392,14 @@ def parse_page(page: Page) -> list[IndexFile]:
         return out
     parser = _LinkParser()
     parser.feed(page.body.decode("utf-8", errors="replace"))
+    # Links resolve against <base href> (itself relative to the page) when there is one.
+    base = urllib.parse.urljoin(page.url, parser.base) if parser.base else page.url
     out = []
     for a in parser.links:
         href = a.get("href")
         if not href:
             continue
-        full, _, frag = urllib.parse.urljoin(page.url, href).partition("#")
+        full, _, frag = urllib.parse.urljoin(base, href).partition("#")
         algo, _, digest = frag.partition("=")
         name = urllib.parse.unquote(urllib.parse.urlsplit(full).path.rsplit("/", 1)[-1])
         out.append(
