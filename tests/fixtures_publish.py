@@ -66,14 +66,16 @@ def make_wheel(
     stored: bool = False,
     unrecorded: Mapping[str, str] | None = None,
     drop: Sequence[str] = (),
+    tampered: Mapping[str, str] | None = None,
 ) -> Path:
     """Write a small, valid wheel (METADATA, WHEEL, RECORD with hashes) and return its path.
 
     ``metadata_name`` / ``metadata_version`` make METADATA disagree with the file name;
     ``stored`` writes members uncompressed (so a test can flip their bytes in place);
     ``unrecorded`` adds members that RECORD does not list; ``drop`` leaves out members by
-    their name under the .dist-info directory ("WHEEL"). The same arguments always give
-    the same bytes.
+    their name under the .dist-info directory ("WHEEL"); ``tampered`` writes members with
+    other content than RECORD's hash and size say (a sound zip, a wrong RECORD). The same
+    arguments always give the same bytes.
     """
     dist = re.sub(r"[-_.]+", "_", name)
     dist_info = f"{dist}-{version}.dist-info"
@@ -98,6 +100,7 @@ def make_wheel(
     record = [f"{p},{_record_hash(d.encode())},{len(d.encode())}" for p, d in members.items()]
     members[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
     members.update(unrecorded or {})
+    members.update(tampered or {})
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / (filename or f"{dist}-{version}-{tag}.whl")
     compression = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED

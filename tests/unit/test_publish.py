@@ -187,14 +187,11 @@ def test_bad_wheels_are_refused_before_anything_is_written(
     renamed.parent.mkdir()
     shutil.copy(good, renamed)
     wrong_name = make_wheel(wheels / "name", metadata_name="vllm-fork")
-    corrupt = make_wheel(wheels / "crc", stored=True)
-    corrupt.write_bytes(corrupt.read_bytes().replace(b"__version__", b"__VERSION__"))
     cases = {
         text: "is not a wheel",
         not_zip: "is not a readable wheel (zip archive)",
         renamed: "does not match its METADATA: the file name says vllm 0.24.1",
         wrong_name: "METADATA says vllm-fork 0.24.0+ovl.1.abc",
-        corrupt: "fails its CRC check",
         wheels / "missing.whl": "no such file",
     }
     for path, message in cases.items():
@@ -203,6 +200,47 @@ def test_bad_wheels_are_refused_before_anything_is_written(
         assert message in r.err, r.err
         assert "Traceback" not in r.err
     assert not index.exists()
+
+
+def _flip_member_byte(wheel: Path, member: str) -> None:
+    """Flip one byte in the middle of ``member``'s compressed data (headers left intact)."""
+    with zipfile.ZipFile(wheel) as zf:
+        info = zf.getinfo(member)
+    data = bytearray(wheel.read_bytes())
+    local = info.header_offset
+    name_len, extra_len = int.from_bytes(data[local + 26 : local + 28], "little"), int.from_bytes(
+        data[local + 28 : local + 30], "little"
+    )
+    at = local + 30 + name_len + extra_len + info.compress_size // 2
+    data[at] ^= 0x10
+    wheel.write_bytes(bytes(data))
+
+
+def test_a_corrupt_member_or_a_wrong_record_hash_is_refused(
+    tmp_path: Path, wheels: Path, publish_cli
+) -> None:
+    """Each member is read once (CRC and RECORD hash in the same read), and every kind still
+    refuses: a deflated member with a flipped byte, a stored one with changed bytes, and a
+    sound member that RECORD does not match."""
+    index = tmp_path / "index"
+    payload = "".join(f"X{i} = {i * 7919 % 104729}\n" for i in range(2000))
+    flipped = make_wheel(wheels / "flipped", payload=payload)
+    _flip_member_byte(flipped, "vllm/__init__.py")
+    stored = make_wheel(wheels / "crc", stored=True)
+    stored.write_bytes(stored.read_bytes().replace(b"__version__", b"__VERSION__"))
+    wrong = make_wheel(wheels / "record", tampered={"vllm/__init__.py": "__version__ = 'evil'\n"})
+    for bad, problem in [
+        (flipped, "zip: vllm/__init__.py: cannot be read: "),
+        (stored, "zip: vllm/__init__.py: cannot be read: CRC-32 "),
+        (wrong, "record: vllm/__init__.py: RECORD says sha256="),
+    ]:
+        r = publish_cli(bad, "--to", index)
+        assert r.rc == 1
+        assert f"{bad.name}: {problem}" in r.err, r.err
+        assert "Nothing was published" in r.err and "Traceback" not in r.err
+    assert not index.exists()
+    r = publish_cli(make_wheel(wheels / "good", payload=payload), "--to", index)
+    assert r.rc == 0, r.err
 
 
 @pytest.mark.parametrize(
