@@ -403,7 +403,9 @@ class IndexServer:
                         for e in entries
                         for href in [e["filename"] if server.base_href else e["url"]]
                     )
-                    head = f'<head><base href="{server.base_href}"></head>' if server.base_href else ""
+                    head = (
+                        f'<head><base href="{server.base_href}"></head>' if server.base_href else ""
+                    )
                     body = f"<!DOCTYPE html><html>{head}<body>\n{links}</body></html>".encode()
                     ctype = "text/html"
                 self.send_response(200)

@@ -22,7 +22,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from synthetic import IndexServer
-
 from vllm_overlay.index.client import Page, parse_page
 from vllm_overlay.overlay.project import Project
 
@@ -204,9 +203,17 @@ def test_fetch_follows_a_pages_base_href(project, cli):
     [
         ("", "x-1.0.tar.gz", "https://idx.test/simple/x/x-1.0.tar.gz"),
         ('<base href="../../files/">', "x-1.0.tar.gz", "https://idx.test/files/x-1.0.tar.gz"),
-        ('<base href="https://cdn.test/p/">', "a/x-1.0.tar.gz", "https://cdn.test/p/a/x-1.0.tar.gz"),
+        (
+            '<base href="https://cdn.test/p/">',
+            "a/x-1.0.tar.gz",
+            "https://cdn.test/p/a/x-1.0.tar.gz",
+        ),
         ('<base href="https://cdn.test/p/">', "/x-1.0.tar.gz", "https://cdn.test/x-1.0.tar.gz"),
-        ('<base target="_top"><base href="/f/">', "x-1.0.tar.gz", "https://idx.test/f/x-1.0.tar.gz"),
+        (
+            '<base target="_top"><base href="/f/">',
+            "x-1.0.tar.gz",
+            "https://idx.test/f/x-1.0.tar.gz",
+        ),
         ('<base href="/f/"><base href="/g/">', "x-1.0.tar.gz", "https://idx.test/f/x-1.0.tar.gz"),
     ],
 )

@@ -208,8 +208,9 @@ def _flip_member_byte(wheel: Path, member: str) -> None:
         info = zf.getinfo(member)
     data = bytearray(wheel.read_bytes())
     local = info.header_offset
-    name_len, extra_len = int.from_bytes(data[local + 26 : local + 28], "little"), int.from_bytes(
-        data[local + 28 : local + 30], "little"
+    name_len, extra_len = (
+        int.from_bytes(data[local + 26 : local + 28], "little"),
+        int.from_bytes(data[local + 28 : local + 30], "little"),
     )
     at = local + 30 + name_len + extra_len + info.compress_size // 2
     data[at] ^= 0x10
