@@ -32,6 +32,12 @@ def test_matrix_over_every_newer_release(cli, project):
     assert "<<<<<<< vllm 1.2.0" in hunk and "upstream rewrote this" in hunk
     assert "group_block_size" in hunk and ">>>>>>> our change" in hunk
     assert data["safe_target"] == "1.1.0"
+    # The walk over every release says each verdict as it decides it, once: the walks to
+    # each target and the direct jumps, which repeat its decisions, say nothing.
+    said = [ln for ln in res.err.splitlines() if ln.startswith(("vllm 1.", "  group-block-size"))]
+    assert said == ["vllm 1.1.0 (1/2)", "  group-block-size: refreshed: " + states["1.1.0"]["reason"],
+                    "vllm 1.2.0 (2/2)", "  group-block-size: unresolved (stop): "
+                    + states["1.2.0"]["reason"].splitlines()[0]]  # fmt: skip
     # It never writes upstream.lock, overlay/ or a checkout.
     assert tree_snapshot(project.root) == before
 

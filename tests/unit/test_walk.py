@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -40,6 +41,12 @@ def test_upstream_group():
 
     assert C(Cfg()).slots([1])[0] == 2
 """
+
+
+def walk_lines(err: str) -> list[str]:
+    """What the walk said on stderr as it went: each release, then each verdict there."""
+    return [ln for ln in err.splitlines()
+            if re.fullmatch(r"vllm \S+ \(\d+/\d+\)", ln) or ln.startswith(f"  {CID}: ")]  # fmt: skip
 
 
 def tree(connector: str = CONN, **more: str) -> dict[str, str]:
@@ -201,6 +208,10 @@ def test_drop_at_the_first_release_that_has_it_proven_there(make_proj):
     assert res.rc == 0, res.err
     rep = json.loads(res.out)
     assert rep["path"] == ["1.0.1", "1.1.0"]
+    # Each release and each verdict is said as the walk decides it (stderr).
+    said = walk_lines(res.err)
+    assert said[0] == "vllm 1.0.1 (1/2)" and said[2:] == ["vllm 1.1.0 (2/2)"]
+    assert said[1].startswith(f"  {CID}: dropped: ") and "applies in reverse" in said[1]
     [d] = rep["dropped"]
     assert d["id"] == CID and d["release"] == "1.0.1"
     assert "applies in reverse" in d["reason"] and "passed against vllm 1.0.1" in d["proof"]
@@ -265,6 +276,9 @@ def test_stop_at_the_first_conflicting_release_then_continue(make_proj):
     assert rep["path"] == ["1.0.1", "1.1.0", "1.2.0"]
     stop = rep["stopped_at"]
     assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
+    assert [ln.split(": merges")[0] for ln in walk_lines(res.err)] == [
+        "vllm 1.0.1 (1/3)", f"  {CID}: kept", "vllm 1.1.0 (2/3)",
+                        f"  {CID}: stopped (stop): " + stop["reason"].splitlines()[0]]  # fmt: skip
     assert snapshot(p) == before
     # the checkout shows 1.1.0 (upstream's method from 1.0.1 is there), not the target
     text = (checkout(p) / CONNECTOR).read_text()
@@ -274,6 +288,10 @@ def test_stop_at_the_first_conflicting_release_then_continue(make_proj):
     assert res.rc == 0, res.err
     rep = json.loads(res.out)
     assert rep["status"] == "complete" and rep["resolved"] == [CID]
+    # The walk goes on from the stop, saying each release and verdict from there.
+    assert [ln.split(": merges")[0] for ln in walk_lines(res.err)] == [
+        f"  {CID}: resolved: resolved by a person at this release", "vllm 1.2.0 (3/3)",
+        f"  {CID}: kept"]  # fmt: skip
     [change] = [c for c in rep["changes"] if c["id"] == CID]
     assert change["releases"] == {"1.0.1": "kept", "1.1.0": "resolved", "1.2.0": "kept"}
     patch = p.change_file(CONNECTOR + ".patch").read_text()

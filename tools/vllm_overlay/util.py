@@ -34,13 +34,33 @@ def run(
     input: str | None = None,
     hint: str = "",
     timeout: float | None = None,
+    log: str | os.PathLike[str] | None = None,
+    what: str = "",
+    interval: float | None = None,
+    header: str = "",
+    terminal: bool = False,
 ) -> Output:
     """Run a command (argument list, never a shell string) and capture its output.
 
     On a non-zero exit with ``check`` the ``CommandError`` carries the command, the return
     code, stdout and stderr, and ``hint`` (what to do next).
+
+    ``log``: long work. The output (stdout and stderr together, in order, returned as
+    ``stdout``) is written to ``log`` as it comes, after ``header``, and stderr shows ``what``
+    is running (progress.py: in place on a terminal, a plain line every ``interval`` seconds
+    elsewhere); Ctrl-C or SIGTERM stops the child and keeps the log. ``terminal``: on a
+    terminal, the child gets one and draws its own progress there. No ``input``.
     """
     argv = tuple(os.fspath(c) for c in cmd)
+    if log is not None:
+        from vllm_overlay import progress
+
+        rc, text = progress.run_logged(
+            argv, log=Path(log), what=what or os.path.basename(argv[0]), cwd=cwd, env=env,
+            check=check, hint=hint, timeout=timeout, interval=interval, header=header,
+            terminal=terminal,
+        )  # fmt: skip
+        return Output(rc, text, "")
     try:
         proc = subprocess.run(
             argv,

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -222,13 +222,22 @@ class Venv:
 def build_venv(staging: Path, python_version: str, *, uv_cache: bool = True) -> Venv:
     """The skeleton every kind's build starts with: the installer (uv, else pip), its clean
     environment (with uv's cache beside the environments, on the same file system, so uv
-    links from it what earlier builds downloaded) and a virtualenv at ``staging/venv``."""
-    inst = installer.installer()
+    links from it what earlier builds downloaded) and a virtualenv at ``staging/venv``.
+
+    The install streams its output to ``install_log`` of the recipe, outside the staging
+    directory (a failed or interrupted build removes that, and keeps the log)."""
+    inst = replace(installer.installer(), log=install_log(staging.name.partition(".")[0]))
     env = inst.env(clean_environ())
     if uv_cache:
         env.setdefault("UV_CACHE_DIR", os.fspath(util.cache_dir() / "uv"))
     python = inst.venv(python_for(python_version), staging / VENV, env)
     return Venv(python, env, staging / "src", inst, time.monotonic())
+
+
+def install_log(recipe_hash: str) -> Path:
+    """Where the install of an environment writes its output as it runs (the last build of
+    each recipe; copied into the environment as ``install.log`` when it completes)."""
+    return util.cache_dir() / "logs" / f"env-{recipe_hash}.install.log"
 
 
 def finish_venv(v: Venv, staging: Path, out: util.Output, recipe_json: str, tag: str,

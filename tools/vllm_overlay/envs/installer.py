@@ -24,9 +24,11 @@ from vllm_overlay import util
 
 @dataclass(frozen=True)
 class Installer:
-    """uv (``uv`` is its path) or pip (``uv`` is None)."""
+    """uv (``uv`` is its path) or pip (``uv`` is None). With ``log``, an install streams
+    its output there as it runs and says so on stderr (``util.run(log=...)``)."""
 
     uv: str | None
+    log: Path | None = None
 
     @property
     def name(self) -> str:
@@ -59,7 +61,10 @@ class Installer:
     def install(
         self, python: Path, args: Sequence[str], env: dict[str, str], hint: str
     ) -> util.Output:
-        return util.run(*self.install_command(python), *args, env=env, hint=hint)
+        if self.log is None:
+            return util.run(*self.install_command(python), *args, env=env, hint=hint)
+        return util.run(*self.install_command(python), *args, env=env, hint=hint, log=self.log,
+                        what=f"{self.name} install")  # fmt: skip
 
     def freeze(self, python: Path, env: dict[str, str]) -> str:
         """``name==version`` of everything installed in the environment of ``python``."""

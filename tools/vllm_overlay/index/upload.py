@@ -20,13 +20,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from vllm_overlay.errors import CommandError, PublishError
 from vllm_overlay.index.auth import Auth, redact, remember_secret, split_userinfo
 from vllm_overlay.index.client import IndexClient
 from vllm_overlay.index.wheels import PublishResult, WheelFile
-from vllm_overlay.util import info, run
+from vllm_overlay.progress import is_terminal
+from vllm_overlay.util import cache_dir, run
 
 ENV_USERNAME = "VLLM_OVERLAY_INDEX_USERNAME"
 ENV_PASSWORD = "VLLM_OVERLAY_INDEX_PASSWORD"
@@ -156,18 +158,28 @@ def _upload_error(index: ServerIndex, wheel: WheelFile, returncode: int, output:
 
 
 def _twine_upload(
-    index: ServerIndex, wheel: WheelFile, environ: Mapping[str, str], timeout: float | None
+    index: ServerIndex,
+    wheel: WheelFile,
+    environ: Mapping[str, str],
+    timeout: float | None,
+    log_dir: Path,
 ) -> None:
-    info(f"uploading {wheel.filename} to {index.upload_url} ...")
     cmd = [sys.executable, "-m", "twine", "--no-color", "upload"]
-    cmd += ["--repository-url", index.upload_url, "--non-interactive", "--disable-progress-bar"]
+    cmd += ["--repository-url", index.upload_url, "--non-interactive"]
+    if not is_terminal(sys.stderr):  # on a terminal, twine draws its bar there
+        cmd.append("--disable-progress-bar")
     cmd.append(str(wheel.path))
+    log = log_dir / f"upload-{wheel.filename}.log"
     try:
-        out = run(*cmd, env=_twine_env(index, environ), check=False, timeout=timeout)
+        out = run(*cmd, env=_twine_env(index, environ), check=False, timeout=timeout, log=log,
+                  what=f"uploading {wheel.filename} to {index.upload_url}", terminal=True)  # fmt: skip
     except CommandError as e:
         raise index.fail(f"twine upload of {wheel.filename} failed: {e}") from None
     if out.returncode != 0:
-        raise index.fail(_upload_error(index, wheel, out.returncode, out.stdout + out.stderr))
+        raise index.fail(
+            _upload_error(index, wheel, out.returncode, out.stdout + out.stderr)
+            + f" twine's output is in {log}."
+        )
 
 
 def _known_sha256(
@@ -186,9 +198,12 @@ def upload_to_server(
     environ: Mapping[str, str] | None = None,
     timeout: float = 60.0,
     upload_timeout: float | None = None,
+    log_dir: Path | None = None,
 ) -> list[PublishResult]:
     """Upload each wheel the server does not hold yet; refuse before uploading anything if
-    the server holds a file of the same name with other bytes."""
+    the server holds a file of the same name with other bytes. Each upload's output goes to
+    ``log_dir/upload-<file>.log`` as it runs (default: ``logs/`` in the cache)."""
+    log_dir = cache_dir() / "logs" if log_dir is None else log_dir
     environ = os.environ if environ is None else environ
     listings = {p: published_files(index, p, timeout) for p in sorted({w.project for w in wheels})}
     results: list[PublishResult] = []
@@ -215,7 +230,7 @@ def upload_to_server(
         if r.action != "published":
             continue
         try:
-            _twine_upload(index, by_name[r.filename], environ, upload_timeout)
+            _twine_upload(index, by_name[r.filename], environ, upload_timeout, log_dir)
         except PublishError as e:
             if done:
                 raise PublishError(

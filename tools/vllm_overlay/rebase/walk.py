@@ -38,13 +38,14 @@ from __future__ import annotations
 import copy
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from vllm_overlay.overlay.model import Change
 from vllm_overlay.rebase import decide, records
-from vllm_overlay.util import atomic_write_bytes, sha256_bytes
+from vllm_overlay.util import atomic_write_bytes, info, sha256_bytes
 
 # The verdicts of a cell, beyond decide's: a resolution record applied; waiting for a later
 # release that clears the conflict; a stop (the person's); settled by the person.
@@ -191,9 +192,16 @@ class Walker:
     records: dict[str, records.Record]
     stop_at_conflicts: bool = True  # False: the outlook (a stop is noted, the walk goes on)
     on_step: object = None  # called after every step (the rebase saves its state)
+    # Each release and each verdict as the walk decides it (a line each); None: quiet.
+    report: Callable[[str], None] | None = info
     made: list[records.Record] = field(default_factory=list)
     memo: dict | None = None  # decisions shared by several walks of one series (the outlook)
     _batched: str = ""  # the release whose drops were proven in one batch
+    _shown: str = ""  # the release last reported
+
+    def _say(self, line: str) -> None:
+        if self.report is not None:
+            self.report(line)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -203,6 +211,9 @@ class Walker:
             if w.next == 0:
                 w.tree = self.blobs.keys(self.host.files(w.release, self._paths()))
             if w.next < len(w.order):
+                if self._shown != w.release:
+                    self._shown = w.release
+                    self._say(f"{w.name} {w.release} ({w.pos + 1}/{len(w.path)})")
                 self._step(w.order[w.next])
                 if w.stop is None:
                     w.next += 1
@@ -275,6 +286,9 @@ class Walker:
     def _cell(self, cid: str, state: str, reason: str, **more: object) -> dict:
         c = {"release": self.walk.release, "id": cid, "state": state, "reason": reason, **more}
         self.walk.cells.append(c)
+        first = reason.strip().splitlines()[0] if reason.strip() else ""
+        self._say(f"  {cid}: {state}" + (" (stop)" if more.get("stop") else "")
+                  + (f": {first}" if first else ""))  # fmt: skip
         return c
 
     def _carry(self, cid: str, files: dict[str, bytes | None], state: str, reason: str,

@@ -28,7 +28,7 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.rebase import decide, records, walk
 from vllm_overlay.rebase.host import SdistHost, Series, load_series
 from vllm_overlay.rebase.releases import newer_releases
-from vllm_overlay.util import atomic_write_text, cache_dir, sha256_bytes
+from vllm_overlay.util import atomic_write_text, cache_dir, info, sha256_bytes
 
 FORMAT = 2  # 2: the walk
 GONE = "gone"  # dropped at an earlier release
@@ -105,8 +105,9 @@ def _results_dir() -> Path:
 
 
 def _walk(series: Series, host: SdistHost, path: list[str], found: dict, key_base: str,
-          *, prove: bool, memo: dict | None = None) -> dict:  # fmt: skip
-    """The walk along ``path`` (cached): its cells, drops and stops."""
+          *, prove: bool, memo: dict | None = None, report: bool = False) -> dict:  # fmt: skip
+    """The walk along ``path`` (cached): its cells, drops and stops. ``report``: say each
+    release and verdict on stderr as the walk decides it (a cached walk says nothing)."""
     shas = [(v, host.releases[v].artifact(host.name).sha256) for v in path]
     key = sha256_bytes(json.dumps([key_base, shas, prove]).encode())
     cached = _results_dir() / f"{key}.json"
@@ -118,7 +119,7 @@ def _walk(series: Series, host: SdistHost, path: list[str], found: dict, key_bas
     w = walk.start(host.name, series.lock.upstream.version, path, series.steps, blobs)
     changes = {s.change.id: s.change for s in series.steps}
     walk.Walker(w, blobs, host, changes, found, stop_at_conflicts=False,
-                memo=None if prove else memo).run()  # fmt: skip
+                memo=None if prove else memo, report=info if report else None).run()  # fmt: skip
     data = {"path": path, "cells": w.cells, "gone": w.gone, "stops": walk.person_stops(w)}
     atomic_write_text(cached, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data
@@ -132,8 +133,11 @@ def outlook(
     releases: list[str] | None = None,
     tests: bool = False,
     test_python: str | None = None,
+    progress: bool = True,
 ) -> Outlook:
-    """The outlook of the project's series over the releases asked for."""
+    """The outlook of the project's series over the releases asked for. ``progress``: the
+    walk over every release says each release and verdict on stderr as it decides it (the
+    walks to each target and the direct jumps, which repeat its decisions, stay quiet)."""
     lock, overlay = project.lock(), project.overlay()
     series = load_series(lock, overlay, index_url)
     name, pin = lock.upstream.name, lock.upstream.version
@@ -151,7 +155,8 @@ def outlook(
     targets: list[dict] = []
     memo0: dict = {}
     if path:
-        main = _walk(series, host, path, found, key_base, prove=tests, memo=memo0)
+        main = _walk(series, host, path, found, key_base, prove=tests, memo=memo0,
+                     report=progress)  # fmt: skip
         columns = _columns(series, host, main)
         cheap = SdistHost(lock, host.releases, index_url=index_url, prove=False)
         memo = memo0  # the walks to each target share most of their decisions

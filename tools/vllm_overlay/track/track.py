@@ -183,7 +183,7 @@ def _walk_up_to_the_stop(copy: Copy, result: dict, index_url: str | None,
     rebase.abort(copy.project)
     if not stop.get("release"):
         return None
-    look = outlook(copy.project, index_url=index_url, to=stop["release"])
+    look = outlook(copy.project, index_url=index_url, to=stop["release"], progress=False)
     clear = [t["version"] for t in look.targets
              if not t["walk"] and Version(t["version"]) < Version(stop["release"])]  # fmt: skip
     if not clear:

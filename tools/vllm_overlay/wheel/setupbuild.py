@@ -34,7 +34,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import BuildError, CommandError
+from vllm_overlay.errors import BuildError
 from vllm_overlay.util import run
 from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist
 
@@ -398,19 +398,17 @@ def check_toolchain(
 # -- running and checking the result -------------------------------------------------------
 
 
-def run_setup(cmd: SetupCommand, log: Path) -> Path:
-    """Run setup.py; return the one wheel it wrote. The full output goes to ``log``."""
+def run_setup(cmd: SetupCommand, log: Path, *, interval: float | None = None) -> Path:
+    """Run setup.py; return the one wheel it wrote. Its output goes to ``log`` as it comes
+    (after the exact environment and command), and stderr says it is running (util.run)."""
     cmd.dist_dir.mkdir(parents=True, exist_ok=True)
     hint = (
-        f"vLLM's setup.py failed in {cmd.tree}; its full output is in {log}. "
+        f"vLLM's setup.py failed in {cmd.tree}. "
         "Rerun with --dry-run to see the exact environment and command."
     )
-    try:
-        out = run(*cmd.argv, cwd=cmd.tree, env=cmd.environment(), hint=hint)
-    except CommandError as e:
-        _write_log(log, cmd, e.stdout, e.stderr)
-        raise
-    _write_log(log, cmd, out.stdout, out.stderr)
+    run(*cmd.argv, cwd=cmd.tree, env=cmd.environment(), hint=hint, log=log,
+        what=f"setup.py bdist_wheel ({cmd.strategy})", header=cmd.render() + "\n",
+        interval=interval)  # fmt: skip
     wheels = sorted(cmd.dist_dir.glob("*.whl"))
     if len(wheels) != 1:
         raise BuildError(
@@ -418,11 +416,6 @@ def run_setup(cmd: SetupCommand, log: Path) -> Path:
             f"({[w.name for w in wheels]}); expected one. Its output is in {log}."
         )
     return wheels[0]
-
-
-def _write_log(log: Path, cmd: SetupCommand, stdout: str, stderr: str) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"{cmd.render()}\n\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
 
 
 def check_built(
