@@ -221,3 +221,20 @@ def test_links_resolve_against_base_href_else_the_page(head, href, url):
     body = f'<html><head>{head}</head><body><a href="{href}#sha256=AB">x-1.0.tar.gz</a>'
     (f,) = parse_page(Page("https://idx.test/simple/x/", "text/html", body.encode()))
     assert (f.filename, f.url, f.sha256) == ("x-1.0.tar.gz", url, "ab")
+
+
+def test_uv_is_handed_pips_tls_settings(pki, pip_conf, monkeypatch):
+    """The installs (uv) trust what the index client trusts: pip's
+    ``cert`` and ``client-cert`` become uv's SSL_CERT_FILE / SSL_CLIENT_CERT."""
+    from vllm_overlay.envs.installer import Installer
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CLIENT_CERT", raising=False)
+    pip_conf(cert=str(pki.ca), client_cert=str(pki.client))
+    env = Installer("uv").env({})
+    assert env["SSL_CERT_FILE"] == str(pki.ca)
+    assert env["SSL_CLIENT_CERT"] == str(pki.client)
+    # a variable the caller set wins over pip's configuration
+    assert Installer("uv").env({"SSL_CERT_FILE": "/elsewhere.pem"})["SSL_CERT_FILE"] == (
+        "/elsewhere.pem"
+    )

@@ -81,9 +81,11 @@ class Installer:
         env["PYTHONNOUSERSITE"] = "1"
         if self.uv:
             env.update(uv_index_env())  # in the environment: no credentials in any argv
-            cert = _pip_setting("cert")
-            if cert and "SSL_CERT_FILE" not in env:
-                env["SSL_CERT_FILE"] = cert  # uv reads the CA bundle pip is told to use
+            # uv reads the CA bundle and the client certificate pip is told to use
+            for key, var in (("cert", "SSL_CERT_FILE"), ("client-cert", "SSL_CLIENT_CERT")):
+                value = _pip_setting(key)
+                if value and var not in env:
+                    env[var] = value
         return env
 
 

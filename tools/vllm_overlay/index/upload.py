@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from vllm_overlay.errors import CommandError, PublishError
 from vllm_overlay.index.auth import Auth, redact, remember_secret, split_userinfo
-from vllm_overlay.index.client import IndexClient
+from vllm_overlay.index.client import IndexClient, pip_setting
 from vllm_overlay.index.wheels import PublishResult, WheelFile
 from vllm_overlay.progress import is_terminal
 from vllm_overlay.util import cache_dir, run
@@ -168,6 +168,9 @@ def _twine_upload(
     cmd += ["--repository-url", index.upload_url, "--non-interactive"]
     if not is_terminal(sys.stderr):  # on a terminal, twine draws its bar there
         cmd.append("--disable-progress-bar")
+    for key in ("cert", "client-cert"):  # pip's TLS settings, as the index client takes them
+        if value := pip_setting(key):
+            cmd += [f"--{key}", value]
     cmd.append(str(wheel.path))
     log = log_dir / f"upload-{wheel.filename}.log"
     try:
