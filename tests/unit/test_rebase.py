@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -660,3 +661,26 @@ def test_rebase_from_the_git_source(proj: Proj, tmp_path: Path):
     assert git_out(checkout(proj), "rev-parse", "refs/vllm-overlay/base") == (
         proj.upstream.releases["1.2.0"].commit
     )
+
+
+def test_rebase_runs_the_git_on_path_outside_bin(proj: Proj, tmp_path: Path, monkeypatch):
+    """git only in a directory of PATH other than /bin and /usr/bin (a newer git in
+    /usr/local/bin, Homebrew, conda): every git the rebase runs is that one, the decision's
+    merge-file, apply and diff --no-index included (a child given an environment without
+    PATH looks in os.defpath, /bin:/usr/bin, and would run another git)."""
+    real = shutil.which("git")
+    assert real is not None
+    bindir, log = tmp_path / "elsewhere" / "bin", tmp_path / "git-calls.log"
+    bindir.mkdir(parents=True)
+    wrapper = bindir / "git"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    assert shutil.which("git", path=os.defpath) not in (None, str(wrapper))  # the old lookup
+    monkeypatch.setenv("PATH", str(bindir))
+    res = rebase_to(proj, "1.1.0", "--json")
+    assert res.rc == 0, res.err
+    assert as_json(res)["refreshed"] == [CID]
+    calls = log.read_text().splitlines()
+    assert any(c.startswith("merge-file -p --diff3") for c in calls), calls
+    assert any(c.startswith("apply -R --check") for c in calls), calls
+    assert any(c.startswith("diff --no-index") for c in calls), calls
