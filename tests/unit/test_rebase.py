@@ -684,3 +684,20 @@ def test_rebase_runs_the_git_on_path_outside_bin(proj: Proj, tmp_path: Path, mon
     assert any(c.startswith("merge-file -p --diff3") for c in calls), calls
     assert any(c.startswith("apply -R --check") for c in calls), calls
     assert any(c.startswith("diff --no-index") for c in calls), calls
+
+
+def test_the_decision_keeps_a_latin1_file_byte_exact(tmp_path: Path):
+    """The decision's git tools on a file that is not UTF-8: the three-way merge, the
+    canonical hunks and the reverse application all see and give git's bytes."""
+    from vllm_overlay.rebase.decide import Scratch
+
+    base = b"name = Jos\xe9\ncity = Mal\xe9\ncount = 1\nend\n"
+    ours = base.replace(b"count = 1\n", b"count = 2 \xa9\n")
+    new = base.replace(b"name = Jos\xe9\n", b"name = Jos\xe9 Mar\xeda\n")
+    scratch = Scratch(tmp_path)
+    merged, conflicts = scratch.merge(new, base, ours, ("release", "base", "ours"))
+    assert conflicts == 0
+    assert merged == new.replace(b"count = 1\n", b"count = 2 \xa9\n")
+    assert "+count = 2 \udca9\n" in scratch.hunks(base, ours)  # the byte, escaped, not lost
+    assert scratch.reverse_applies("names.txt", base, ours, ours)  # the release has it
+    assert not scratch.reverse_applies("names.txt", base, ours, base)
