@@ -40,6 +40,18 @@ def modules() -> list[tuple[str, Path]]:
     return out
 
 
+def _submodule(package: str, name: str) -> str:
+    """``package.name`` where that is a module of ours (or the package's ``__version__``),
+    else ``package`` (``name`` is something the package defines)."""
+    sub = f"{package}.{name}"
+    rel = Path(*sub.split(".")[1:]) if sub.startswith("vllm_overlay.") else None
+    if sub == "vllm_overlay.__version__" or (
+        rel is not None and ((PKG / rel).with_suffix(".py").is_file() or (PKG / rel).is_dir())
+    ):
+        return sub
+    return package
+
+
 def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
     """Every ``vllm_overlay.*`` module the file imports, anywhere in it (functions too)."""
     found: list[tuple[int, str]] = []
@@ -53,8 +65,8 @@ def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
                 names = [".".join(["vllm_overlay", *filter(None, base), node.module or ""])]
             else:
                 names = [node.module or ""]
-            if names[0] == "vllm_overlay":  # from vllm_overlay import x, y
-                names = [f"vllm_overlay.{a.name}" for a in node.names]
+            # from vllm_overlay.pkg import mod, names: each submodule by its own name
+            names = [_submodule(names[0], a.name) for a in node.names]
         else:
             continue
         for name in names:
@@ -89,6 +101,76 @@ def test_the_layering_check_catches_an_upward_import(tmp_path):
     [(line, target)] = imported_modules(bad, "pin.bad")
     assert (line, stage_of(target)) == (2, "wheel")
     assert STAGES.index(stage_of(target)) > STAGES.index(stage_of("pin.bad"))
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph`` (module -> the modules it imports): its strongly connected
+    components of more than one module, each sorted (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (anywhere in the file, functions too)."""
+    known = {m for m, _ in modules()}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules():
+        targets = set()
+        for _, target in imported_modules(path, module):
+            while target and target not in known:  # a name inside a module: the module
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def test_no_import_circles():
+    """No module imports, even inside a function, one that imports it back (through any
+    chain): a circle means two modules are one, or something sits in the wrong one."""
+    circles = import_circles(import_graph())
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_catches_a_circle(tmp_path):
+    """The check itself can fail: the cache importing the builder again (the builder imports
+    the cache: the circle there was) and a three-module ring are found; a chain is not."""
+    graph = import_graph()
+    assert "envs.cache" in graph["envs.envbuild"]
+    back = {**graph, "envs.cache": graph["envs.cache"] | {"envs.envbuild"}}
+    assert ["envs.cache", "envs.envbuild"] in import_circles(back)
+    ring = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(ring) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def f():\n    from vllm_overlay.envs import envbuild\n")
+    assert imported_modules(lazy, "envs.cache") == [(2, "envs.envbuild")]
 
 
 BLOCK_PYTEST = textwrap.dedent(

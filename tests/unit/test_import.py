@@ -397,3 +397,60 @@ def test_pr_fetches_the_pull_requests_patch(project, cli, canonical, tmp_path):
     st = json.loads(cli("status", "--json", "--checkout", canonical, cwd=project.root).out)
     assert st["changes"][-1]["upstream_tests"] == [LAYOUT_TEST]
     assert st["changes"][0]["upstream_tests"] == []
+
+
+LATIN1 = "vllm/legacy/names_latin1.txt"
+V1 = b"# Latin-1, not UTF-8\nname = Jos\xe9\ncity = Mal\xe9\ncount = 1\nend\n"
+V2 = V1.replace(b"name = Jos\xe9\n", b"name = Jos\xe9 Mar\xeda\n")  # the series' own edit
+V3 = V1.replace(b"count = 1\n", b"count = 2 \xa9\n")  # written against V1
+
+
+def _latin1_patches(tmp: Path) -> list[Path]:
+    """Three real `git format-patch` mails of a Latin-1 file: add it (V1), edit its name
+    line (V2), and, from V1 again, edit a line two further down (its index line names V1's blob)."""
+    repo = tmp / "latin1-src"
+    repo.mkdir()
+    sh(repo, "init", "-q")
+    f = repo / LATIN1
+    f.parent.mkdir(parents=True)
+    out = []
+    for i, (start, data, subject) in enumerate(
+        [(None, V1, "Add names (#1)"), (V1, V2, "Full name (#2)"), (V1, V3, "Country (#3)")]
+    ):
+        sh(repo, "checkout", "-q", "--orphan", f"b{i}")
+        sh(repo, "rm", "-rfq", "--cached", ".") if i else None
+        if start is not None:
+            f.write_bytes(start)
+            sh(repo, "add", "-A")
+            sh(repo, "commit", "-q", f"--author={AUTHOR}", "-m", "base")
+        f.write_bytes(data)
+        sh(repo, "add", "-A")
+        sh(repo, "commit", "-q", f"--author={AUTHOR}", "-m", subject)
+        mail = subprocess.run(["git", "format-patch", "-1", "--stdout"], cwd=repo,
+                              capture_output=True, check=True).stdout  # fmt: skip
+        assert b"Jos\xe9" in mail  # the 8-bit body as it is
+        out.append(tmp / f"{i}.patch")
+        out[-1].write_bytes(mail)
+    return out
+
+
+def test_a_latin1_file_goes_through_import_byte_exact(project, cli, canonical, tmp_path):
+    """A file that is not UTF-8: added, edited, then merged three-way over the blob the
+    third mail names (read from the checkout as bytes); the checkout, the exported overlay
+    and a fresh strict apply hold git's bytes exactly."""
+    added, edit, other = _latin1_patches(tmp_path)
+    for i, pfile in enumerate((added, edit)):
+        res = imp(cli, project, "--patch", pfile, "--drop-when", "vllm>=9", "--id", f"l{i}",
+                  checkout=canonical)  # fmt: skip
+        assert res.rc == 0, res.err
+    assert (canonical / LATIN1).read_bytes() == V2
+    res = imp(cli, project, "--patch", other, "--drop-when", "vllm>=9", "--id", "l2",
+              checkout=canonical)  # fmt: skip
+    assert res.rc == 0, res.err
+    assert f"merged   {LATIN1} (three-way merge over blob " in res.out
+    want = V2.replace(b"count = 1\n", b"count = 2 \xa9\n")
+    assert (canonical / LATIN1).read_bytes() == want
+    patch = project.change_file(LATIN1 + ".patch", "l2").read_bytes()
+    assert b"+count = 2 \xa9\n" in patch and b" city = Mal\xe9\n" in patch
+    fresh = assert_strict_apply(cli, project, tmp_path)
+    assert (fresh / LATIN1).read_bytes() == want

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -660,3 +661,43 @@ def test_rebase_from_the_git_source(proj: Proj, tmp_path: Path):
     assert git_out(checkout(proj), "rev-parse", "refs/vllm-overlay/base") == (
         proj.upstream.releases["1.2.0"].commit
     )
+
+
+def test_rebase_runs_the_git_on_path_outside_bin(proj: Proj, tmp_path: Path, monkeypatch):
+    """git only in a directory of PATH other than /bin and /usr/bin (a newer git in
+    /usr/local/bin, Homebrew, conda): every git the rebase runs is that one, the decision's
+    merge-file, apply and diff --no-index included (a child given an environment without
+    PATH looks in os.defpath, /bin:/usr/bin, and would run another git)."""
+    real = shutil.which("git")
+    assert real is not None
+    bindir, log = tmp_path / "elsewhere" / "bin", tmp_path / "git-calls.log"
+    bindir.mkdir(parents=True)
+    wrapper = bindir / "git"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    assert shutil.which("git", path=os.defpath) not in (None, str(wrapper))  # the old lookup
+    monkeypatch.setenv("PATH", str(bindir))
+    res = rebase_to(proj, "1.1.0", "--json")
+    assert res.rc == 0, res.err
+    assert as_json(res)["refreshed"] == [CID]
+    calls = log.read_text().splitlines()
+    assert any(c.startswith("merge-file -p --diff3") for c in calls), calls
+    assert any(c.startswith("apply -R --check") for c in calls), calls
+    assert any(c.startswith("diff --no-index") for c in calls), calls
+
+
+def test_the_decision_keeps_a_latin1_file_byte_exact(tmp_path: Path):
+    """The decision's git tools on a file that is not UTF-8: the three-way merge, the
+    canonical hunks and the reverse application all see and give git's bytes."""
+    from vllm_overlay.rebase.decide import Scratch
+
+    base = b"name = Jos\xe9\ncity = Mal\xe9\ncount = 1\nend\n"
+    ours = base.replace(b"count = 1\n", b"count = 2 \xa9\n")
+    new = base.replace(b"name = Jos\xe9\n", b"name = Jos\xe9 Mar\xeda\n")
+    scratch = Scratch(tmp_path)
+    merged, conflicts = scratch.merge(new, base, ours, ("release", "base", "ours"))
+    assert conflicts == 0
+    assert merged == new.replace(b"count = 1\n", b"count = 2 \xa9\n")
+    assert "+count = 2 \udca9\n" in scratch.hunks(base, ours)  # the byte, escaped, not lost
+    assert scratch.reverse_applies("names.txt", base, ours, ours)  # the release has it
+    assert not scratch.reverse_applies("names.txt", base, ours, base)

@@ -173,6 +173,38 @@ def test_a_branch_named_track_is_reported(proj4):
     assert "the branch `track` exists in" in res.err and "git branch -m track OTHER" in res.err
 
 
+def test_a_stale_copy_of_our_own_holding_the_branch_is_removed(proj4, tmp_path):
+    """An earlier run's copy elsewhere (the project run from another checkout of the same
+    repository), no longer in use, holds the branch: the run removes it and goes on."""
+    old = tmp_path / "old-place" / ".work" / "track" / "vllm-1.3.0"
+    old.parent.mkdir(parents=True)
+    subprocess.run(["git", "worktree", "add", "-q", "-b", "track/vllm-1.3.0", str(old)],
+                   cwd=proj4.root, check=True)  # fmt: skip
+    res = _track(proj4)
+    assert res.rc == 0, res.out + res.err
+    assert f"removing a stale tracking copy at {old}" in res.err + res.out
+    assert not old.exists()
+    assert str(old) not in git_out(proj4.root, "worktree", "list", "--porcelain")
+
+
+def test_a_branch_held_by_another_worktree_is_named_with_how_to_free_it(proj4, tmp_path):
+    before = git_out(proj4.root, "worktree", "list", "--porcelain")
+    mine = tmp_path / "my-review"
+    subprocess.run(["git", "worktree", "add", "-q", "-b", "track/vllm-1.3.0", str(mine)],
+                   cwd=proj4.root, check=True)  # fmt: skip
+    (mine / "notes.txt").write_text("work in progress\n")
+    res = _track(proj4)
+    assert res.rc == 1
+    assert f"the branch track/vllm-1.3.0 is checked out in the worktree {mine}" in res.err
+    assert f"`git worktree remove {mine}`" in res.err and "`git worktree prune`" in res.err
+    assert "cannot force update" not in res.err  # never git's own message
+    assert (mine / "notes.txt").read_text() == "work in progress\n"  # left alone
+    subprocess.run(["git", "worktree", "remove", "--force", str(mine)], cwd=proj4.root,
+                   check=True)  # fmt: skip
+    assert git_out(proj4.root, "worktree", "list", "--porcelain") == before
+    assert _track(proj4).rc == 0
+
+
 def test_two_runs_at_once(proj4):
     with exclusive_lock(proj4.root / ".work" / "track.lock", "a test"):
         res = _track(proj4)

@@ -2,10 +2,11 @@
 
 Reads (refs, commits, trees and blobs, config, which paths differ, unmerged entries, untracked
 files) go through ``git.Repo`` objects. Writes (``update-ref``, ``config``, ``commit``,
-``checkout``, ``cherry-pick``, ``merge-file``, ``apply``, ``stash``, ``fetch``, ``clone``) go
-through ``repo.git``: git itself takes its lock files and renames into place, so nothing is
-half-written when the process is killed (GitPython's own ref and config writers rewrite files
-in place).
+``checkout``, ``cherry-pick``, ``stash``, ``fetch``, ``clone``) go through ``repo.git``: git
+itself takes its lock files and renames into place, so nothing is half-written when the
+process is killed (GitPython's own ref and config writers rewrite files in place). git's
+file-level tools (``merge-file``, ``apply``, ``diff --no-index``: import's merges and the
+rebase's decision) run here too, on bytes (``git_bytes``): a file need not be UTF-8.
 
 Every git process gets the same clean environment: no ``GIT_*`` variables from the caller (they
 are dropped from this process's environment the first time the layer is used, because
@@ -105,11 +106,39 @@ def opened(repo: Repo | Path) -> Iterator[Repo]:
             yield r
 
 
-def _result(args: tuple[str, ...], out: tuple[int, str, str], check: bool, hint: str) -> Output:
-    status, stdout, stderr = out
-    if check and status != 0:
-        raise CommandError(("git", *args), status, stdout, stderr, hint)
-    return Output(status, stdout, stderr)
+@dataclass(frozen=True)
+class BytesOutput:
+    """What ``run_git_bytes`` returns: stdout as git wrote it (merge results, diffs and blobs
+    are compared byte for byte, and a file need not be UTF-8), stderr as text."""
+
+    returncode: int
+    stdout: bytes
+    stderr: str
+
+
+def _execute(
+    g: gitpython.Git,
+    argv: tuple[str, ...],
+    input: bytes | None,
+    text: bool,
+    env: dict[str, str] | None,
+) -> tuple[int, str | bytes, str | bytes]:
+    try:
+        with tempfile.TemporaryFile() if input is not None else _no_stream() as stdin:
+            if stdin is not None:
+                stdin.write(input)  # type: ignore[union-attr]
+                stdin.seek(0)
+            return g.execute(  # type: ignore[call-overload,no-any-return]
+                ["git", *argv],
+                istream=stdin,
+                with_extended_output=True,
+                with_exceptions=False,
+                strip_newline_in_stdout=False,
+                stdout_as_string=text,
+                env=env,
+            )
+    except GitCommandNotFound as e:
+        raise missing_program("git", e) from e
 
 
 def run_git(
@@ -123,22 +152,28 @@ def run_git(
     """``git ARGS`` through ``g`` (a ``repo.git``): the exit status, stdout and stderr as text,
     a ``CommandError`` (command, status, output, ``hint``) when it fails and ``check``."""
     argv = tuple(os.fspath(a) for a in args)
-    try:
-        with tempfile.TemporaryFile() if input is not None else _no_stream() as stdin:
-            if stdin is not None:
-                stdin.write(input.encode())  # type: ignore[union-attr]
-                stdin.seek(0)
-            out = g.execute(
-                ["git", *argv],
-                istream=stdin,
-                with_extended_output=True,
-                with_exceptions=False,
-                strip_newline_in_stdout=False,
-                env=env,
-            )
-    except GitCommandNotFound as e:
-        raise missing_program("git", e) from e
-    return _result(argv, out, check, hint)  # type: ignore[arg-type]
+    data = input.encode("utf-8", "surrogateescape") if input is not None else None
+    status, stdout, stderr = _execute(g, argv, data, True, env)
+    if check and status != 0:
+        raise CommandError(("git", *argv), status, str(stdout), str(stderr), hint)
+    return Output(status, str(stdout), str(stderr))
+
+
+def run_git_bytes(
+    g: gitpython.Git,
+    *args: str | os.PathLike[str],
+    check: bool = True,
+    input: bytes | None = None,
+    hint: str = "",
+) -> BytesOutput:
+    """``run_git`` with bytes in and out: stdin and stdout are bytes, stderr is text."""
+    argv = tuple(os.fspath(a) for a in args)
+    status, stdout, stderr = _execute(g, argv, input, False, None)
+    err = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+    if check and status != 0:
+        out = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout
+        raise CommandError(("git", *argv), status, out, err, hint)
+    return BytesOutput(status, bytes(stdout), err)  # type: ignore[arg-type]
 
 
 @contextmanager
@@ -150,6 +185,47 @@ def git(*args: str | os.PathLike[str], cwd: Path | None = None, check: bool = Tr
         input: str | None = None, hint: str = "") -> Output:  # fmt: skip
     """``git ARGS`` in ``cwd`` (or no repository: ``ls-remote``, ``init``, ``clone``)."""
     return run_git(_cmd(cwd), *args, check=check, input=input, hint=hint)
+
+
+def git_bytes(*args: str | os.PathLike[str], cwd: Path | None = None, check: bool = True,
+              input: bytes | None = None, hint: str = "") -> BytesOutput:  # fmt: skip
+    """``git ARGS`` in ``cwd`` with bytes in and out (``run_git_bytes``)."""
+    return run_git_bytes(_cmd(cwd), *args, check=check, input=input, hint=hint)
+
+
+# ---------------------------------------------------------------------------------------------
+# File-level tools on bytes, outside any repository (import's merges, the rebase's decision)
+
+
+def merge_file(current: bytes, base: bytes, other: bytes,
+               labels: tuple[str, str, str]) -> tuple[bytes, int]:  # fmt: skip
+    """``git merge-file --diff3`` of base -> ``other`` into ``current``: (the result, the
+    number of conflicts). ``labels`` name the three sides in the markers, in that order."""
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-merge-") as tmp:
+        names = []
+        for name, data in (("current", current), ("base", base), ("other", other)):
+            Path(tmp, name).write_bytes(data)
+            names.append(os.path.join(tmp, name))
+        label_args = [a for lab in labels for a in ("-L", lab)]
+        out = git_bytes("merge-file", "-p", "--diff3", *label_args, *names, check=False)
+    if not 0 <= out.returncode <= 127:  # 0: clean; 1..127: conflicts; 255: an error
+        raise CommandError(("git", "merge-file"), out.returncode, "", out.stderr)
+    return out.stdout, out.returncode
+
+
+def diff_no_index(a: str | os.PathLike[str], b: str | os.PathLike[str], *options: str,
+                  cwd: Path | None = None) -> bytes:  # fmt: skip
+    """``git diff --no-index OPTIONS a b`` (two files or directories): its output, bytes."""
+    out = git_bytes("diff", "--no-index", *options, a, b, cwd=cwd, check=False)
+    if out.returncode not in (0, 1):  # 1: they differ
+        raise CommandError(("git", "diff", "--no-index"), out.returncode, "", out.stderr)
+    return out.stdout
+
+
+def apply_patch(patch: bytes, cwd: Path, *options: str) -> bool:
+    """``git apply OPTIONS`` of ``patch`` (bytes, on stdin) in the directory ``cwd``, which
+    need not be a repository (exact context, no fuzz): True when it applies."""
+    return git_bytes("apply", *options, "-", cwd=cwd, check=False, input=patch).returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +257,16 @@ def show_bytes(repo: Repo | Path, rev: str, path: str) -> bytes | None:
         try:
             obj = c.tree / path
         except KeyError:
+            return None
+        return obj.data_stream.read() if isinstance(obj, gitpython.Blob) else None
+
+
+def blob_bytes(repo: Repo | Path, rev: str) -> bytes | None:
+    """The bytes of the blob ``rev`` names (an id, ``REV:PATH``), or None where it has none."""
+    with opened(repo) as r:
+        try:
+            obj = r.rev_parse(f"{rev}^{{blob}}")
+        except (BadName, BadObject, ValueError, IndexError, KeyError, GitCommandError):
             return None
         return obj.data_stream.read() if isinstance(obj, gitpython.Blob) else None
 

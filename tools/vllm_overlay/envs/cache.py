@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay import util
-from vllm_overlay.envs import clientenv, enginenv, envbuild, testenv
+from vllm_overlay.envs import layout
 from vllm_overlay.errors import OverlayError, UsageError
 from vllm_overlay.pin.artifacts import lock_path as artifact_lock
 from vllm_overlay.pin.lockfile import read_lock
@@ -193,28 +193,28 @@ def _project_pins() -> tuple[set[str], set[str]] | None:
 
 
 def _env_entry(path: Path) -> Entry:
-    lock = envbuild.lock_path(path.name.split(".", 1)[0])
+    lock = layout.lock_path(path.name.split(".", 1)[0])
     if "." in path.name:  # <hash>.build-*, <hash>.old: a build in progress or killed
         return Entry("test-env", path, lock, unused=True, why="an unfinished build")
-    marker = envbuild.read_marker(path)
+    marker = layout.read_marker(path)
     try:
-        recipe = json.loads((path / envbuild.RECIPE).read_text())
+        recipe = json.loads((path / layout.RECIPE).read_text())
     except (OSError, ValueError):
         recipe = None
     if marker is None or not isinstance(recipe, dict):
         return Entry("test-env", path, lock, unused=True, why="incomplete (no marker)")
     if "wheel" in recipe:
-        kind, fmt, what = "engine-env", enginenv.FORMAT, recipe["wheel"]
+        kind, what = "engine-env", recipe["wheel"]
     elif "requirement" in recipe:
-        kind, fmt, what = "client-env", clientenv.FORMAT, recipe["requirement"]
+        kind, what = "client-env", recipe["requirement"]
     else:
-        kind, fmt = "test-env", testenv.FORMAT
+        kind = "test-env"
         what = recipe.get("upstream") or "a tree without a release"
     # The slot is the builder's (envbuild.ensure writes it); an environment built before
     # slots gets its own on its next use, and until then only age and size prune it.
     slot = marker.get("slot", "")
     entry = Entry(kind, path, lock, slot=slot, why=what)
-    if recipe.get("format") != fmt:
+    if recipe.get("format") != layout.FORMATS[kind]:
         entry.unused, entry.why = True, f"{what}: built by an older format"
     return entry
 
@@ -287,7 +287,7 @@ def _mark_unused(entries: list[Entry]) -> None:
     newest: dict[str, tuple[float, Entry]] = {}  # slot -> the newest build of it
     for e in entries:
         if e.kind in ENV_KINDS and e.slot and not e.unused:
-            built = (e.path / envbuild.MARKER).stat().st_mtime
+            built = (e.path / layout.MARKER).stat().st_mtime
             if e.slot not in newest or built > newest[e.slot][0]:
                 newest[e.slot] = (built, e)
     for e in entries:

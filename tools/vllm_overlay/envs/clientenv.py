@@ -22,12 +22,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import util
-from vllm_overlay.envs import envbuild
+from vllm_overlay.envs import envbuild, layout
 from vllm_overlay.envs.childenv import CLIENT_TMP_PREFIX, scratch_environ, short_dir
 from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON
 from vllm_overlay.errors import OverlayError
 
-FORMAT = 1
+FORMAT = layout.FORMATS["client-env"]  # bumped there (the cache reads it)
 
 
 class ClientEnvError(OverlayError):

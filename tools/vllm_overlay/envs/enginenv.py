@@ -45,12 +45,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_overlay import util
-from vllm_overlay.envs import envbuild, installer
+from vllm_overlay.envs import envbuild, installer, layout
 from vllm_overlay.envs.childenv import RPC_PREFIX, scratch_environ, short_dir
 from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON
 from vllm_overlay.errors import CommandError, OverlayError
 
-FORMAT = 1
+FORMAT = layout.FORMATS["engine-env"]  # bumped there (the cache reads it)
 OVERRIDES = "overrides.txt"
 
 

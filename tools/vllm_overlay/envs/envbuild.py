@@ -35,16 +35,15 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import util
-from vllm_overlay.envs import installer
+from vllm_overlay.envs import cache, installer
 from vllm_overlay.envs.childenv import clean_environ
+from vllm_overlay.envs.layout import MARKER, RECIPE, VENV, lock_path, read_marker, root
 from vllm_overlay.errors import OverlayError
 
-MARKER = "testenv.json"
-VENV = "venv"
 PYTHON = "3.11"  # every environment's Python (the CPU torch wheels are built for it)
 FREEZE = "freeze.txt"
 CONSTRAINTS_DIR = "constraints"
-RECIPE = "recipe.json"
+__all__ = ["MARKER", "RECIPE", "VENV", "lock_path", "read_marker", "root"]  # envs/layout.py's
 
 
 class RecipeJson:
@@ -67,27 +66,6 @@ def project_constraints(name: str, project: Path | None = None) -> Path | None:
         except OverlayError:
             return None
     return project / CONSTRAINTS_DIR / name
-
-
-def root() -> Path:
-    """Where the environments live."""
-    return util.cache_dir() / "testenv"
-
-
-def lock_path(recipe_hash: str) -> Path:
-    """One lock per recipe: builds of different environments do not wait for each other."""
-    return root() / "locks" / f"{recipe_hash}.lock"
-
-
-def read_marker(path: Path) -> dict | None:
-    """The marker of the complete environment at ``path``; None when absent or unfinished."""
-    try:
-        marker = json.loads((path / MARKER).read_text())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-        return None
-    if not isinstance(marker, dict) or not (path / VENV / "bin" / "python").exists():
-        return None
-    return marker
 
 
 def load_env(path: Path, cls, *fields: str):
@@ -127,8 +105,6 @@ def ensure(
     anew and replaces it. ``what`` names it in the waiting message ("the test environment
     55c4…"). Either way this process holds the environment (``hold``) until it exits.
     """
-    from vllm_overlay.envs import cache
-
     final = root() / recipe_hash
     if not rebuild and read_marker(final) is not None:
         hold(recipe_hash)

@@ -45,7 +45,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import util
-from vllm_overlay.envs import envbuild, installer
+from vllm_overlay.envs import envbuild, installer, layout
 from vllm_overlay.envs.childenv import scratch_environ
 from vllm_overlay.envs.envbuild import (  # noqa: F401 (re-exported)
     CONSTRAINTS_DIR,
@@ -57,8 +57,7 @@ from vllm_overlay.envs.envbuild import (  # noqa: F401 (re-exported)
 )
 from vllm_overlay.errors import OverlayError
 
-# Bump when the layout of the environment or the way it is built changes.
-FORMAT = 2  # 2: built with uv where installed; pinned by constraints/
+FORMAT = layout.FORMATS["test-env"]  # bumped there (the cache reads it)
 
 TORCH = "torch==2.13.0"
 TEST_TOOLS = (

@@ -38,6 +38,7 @@ from vllm_overlay.gitrepo import (
     uncommitted,
 )
 from vllm_overlay.overlay.model import Change, Overlay, overlay_digest, safe_join
+from vllm_overlay.overlay.walk import TRAILER
 from vllm_overlay.overlay.series import (  # check_consistency: re-exported for rebase
     PlannedChange,
     check_consistency,  # noqa: F401
@@ -49,7 +50,6 @@ from vllm_overlay.util import cache_dir, exclusive_lock
 
 BRANCH = "overlay"
 APPLIED_REF = "refs/vllm-overlay/applied"
-TRAILER = "Overlay-Change"
 DIGEST_KEY = "vllm-overlay.overlay-digest"
 
 

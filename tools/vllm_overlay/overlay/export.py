@@ -120,7 +120,7 @@ def _segment_files(repo: Repo, checkout: Path, seg: Segment) -> dict[str, bytes]
                 "with `vllm-overlay lock --refresh-base` when no change touches it), or redo "
                 "the edit."
             )
-        out[change_rel(change.id, path, added=False)] = diff.encode()
+        out[change_rel(change.id, path, added=False)] = diff.encode(errors="surrogateescape")
     return out
 
 

@@ -33,7 +33,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vllm_overlay.errors import ChangeImportError, OverlayError
-from vllm_overlay.gitrepo import config_set, git, opened, rev_parse, show_bytes, uncommitted
+from vllm_overlay.gitrepo import (
+    apply_patch,
+    blob_bytes,
+    config_set,
+    git,
+    merge_file,
+    opened,
+    rev_parse,
+    show_bytes,
+    uncommitted,
+)
 from vllm_overlay.overlay import history
 from vllm_overlay.overlay.checkout import APPLIED_REF, change_message
 from vllm_overlay.overlay.export import expected_overlay
@@ -43,7 +53,7 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.overlay.series import final_tree, plan_series
 from vllm_overlay.pin.lockfile import Lock, base_hash, write_lock
 from vllm_overlay.pin.trees import BASE_REF
-from vllm_overlay.util import atomic_write_bytes, atomic_write_text, info, run
+from vllm_overlay.util import atomic_write_bytes, atomic_write_text, info
 
 FORMAT = 1
 _MARKER_RE = re.compile(rb"^(<<<<<<<|>>>>>>>)( |$)", re.MULTILINE)
@@ -150,27 +160,10 @@ def _apply_one(data: bytes | None, fd: FileDiff) -> bytes | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         if data is not None:
             target.write_bytes(data)
-        Path(tmp, "p.diff").write_text(fd.text, errors="surrogateescape")
-        out = git("apply", "--whitespace=nowarn", str(Path(tmp, "p.diff")), cwd=root, check=False)
-        if out.returncode != 0 or not target.is_file():
+        patch = fd.text.encode(errors="surrogateescape")  # the mail's bytes, as they came
+        if not apply_patch(patch, root, "--whitespace=nowarn") or not target.is_file():
             return None
         return target.read_bytes()
-
-
-def merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str]) -> tuple[bytes, bool]:
-    """``git merge-file --diff3``: (result, conflicted)."""
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-merge-") as tmp:
-        names = []
-        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
-            Path(tmp, name).write_bytes(data)
-            names.append(str(Path(tmp, name)))
-        out = run(
-            "git", "merge-file", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
-            *names, check=False,
-        )  # fmt: skip
-        if out.returncode < 0:
-            raise ChangeImportError(f"git merge-file failed: {out.stderr.strip()}")
-        return Path(names[0]).read_bytes(), out.returncode > 0
 
 
 def merge_patch(
@@ -220,8 +213,8 @@ def _merge_one(
             raise ChangeImportError(f"the patch's new file {fd.path} does not apply to nothing.")
         if ours is None:
             return Merged(fd.path, theirs, False, "added")
-        content, conflicted = merge_file(ours, b"", theirs, ("series", "absent", "import"))
-        return Merged(fd.path, content, conflicted, "added, but the series already has it")
+        content, conflicts = merge_file(ours, b"", theirs, ("series", "absent", "import"))
+        return Merged(fd.path, content, conflicts > 0, "added, but the series already has it")
     if ours is None:
         raise ChangeImportError(
             f"the patch changes {fd.path}, which neither the pinned upstream nor the series "
@@ -234,9 +227,8 @@ def _merge_one(
     if prev is not None:
         bases.append(("the previous commit of the patch", prev))
     if fd.pre_blob:
-        blob = git("rev-parse", "--verify", "-q", f"{fd.pre_blob}^{{blob}}", cwd=checkout, check=False)
-        if blob.returncode == 0:
-            data = git("cat-file", "blob", blob.stdout.strip(), cwd=checkout).stdout.encode()
+        data = blob_bytes(checkout, fd.pre_blob)
+        if data is not None:
             bases.append((f"blob {fd.pre_blob}", data))
     if base_release is not None:
         version, repo, rev = base_release
@@ -247,8 +239,8 @@ def _merge_one(
         theirs = _apply_one(base, fd)
         if theirs is None:
             continue
-        content, conflicted = merge_file(ours, base, theirs, ("series", name, "import"))
-        return Merged(fd.path, content, conflicted, f"three-way merge over {name}")
+        content, conflicts = merge_file(ours, base, theirs, ("series", name, "import"))
+        return Merged(fd.path, content, conflicts > 0, f"three-way merge over {name}")
     tried = ", ".join(n for n, _ in bases) or "none"
     blob = (
         "names no blob it was written against"
@@ -285,10 +277,10 @@ def merge_release(
         if ours is None:
             out.append(Merged(path, theirs, False, f"added from {version}"))
             continue
-        content, conflicted = merge_file(
+        content, conflicts = merge_file(
             ours, pinned or b"", theirs, ("series", "pin", f"release {version}")
         )
-        out.append(Merged(path, content, conflicted, f"three-way merge pin -> {version}"))
+        out.append(Merged(path, content, conflicts > 0, f"three-way merge pin -> {version}"))
     if not out:
         raise ChangeImportError(
             f"{', '.join(paths)}: the same in the pin and in {version}; nothing to import."

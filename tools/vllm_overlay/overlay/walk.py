@@ -24,9 +24,10 @@ from pathlib import Path
 
 from vllm_overlay.errors import CheckoutError, OverlayError
 from vllm_overlay.gitrepo import git, rev_parse
-from vllm_overlay.overlay.checkout import TRAILER
 from vllm_overlay.overlay.model import CONFIG_NAME, Change, Overlay
 from vllm_overlay.pin.trees import BASE_REF
+
+TRAILER = "Overlay-Change"  # the trailer that names a commit's change (checkout writes it)
 
 WORKTREE = None  # a segment's end when it is the work tree (the top of the series)
 _UNSQUASHED = ("fixup! ", "squash! ", "amend! ")

@@ -27,10 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from vllm_overlay.gitrepo import git_env
+from vllm_overlay.gitrepo import apply_patch, diff_no_index, merge_file
 from vllm_overlay.overlay.export import DIFF_OPTS
 from vllm_overlay.overlay.model import Change
-from vllm_overlay.util import run
 
 KEPT, REFRESHED, DROPPED = "kept", "refreshed", "dropped"
 CONFLICT, MOVED, COLLISION = "conflict", "moved", "collision"
@@ -91,19 +90,13 @@ class Scratch:
 
     def merge(self, new: bytes, old: bytes, ours: bytes, labels: tuple[str, str, str]):
         """(merged bytes, number of conflicts) of ``git merge-file --diff3``."""
-        files = [self.write(new, "new"), self.write(old, "old"), self.write(ours, "ours")]
-        label_args = [a for lab in labels for a in ("-L", lab)]
-        out = _git_bytes("merge-file", "-p", "--diff3", *label_args, *map(str, files))
-        if out.returncode < 0 or out.returncode > 127:
-            raise RuntimeError(f"git merge-file failed: {out.stderr}")
-        return out.stdout, out.returncode
+        return merge_file(new, old, ours, labels)
 
     def hunks(self, a: bytes, b: bytes) -> str:
         """The hunks of the canonical diff of ``a`` -> ``b`` (headers dropped: they name the
         scratch files)."""
         fa, fb = self.write(a, "a"), self.write(b, "b")
-        out = _git_bytes("diff", "--no-index", *DIFF_OPTS, str(fa), str(fb))
-        text = out.stdout.decode(errors="surrogateescape")
+        text = diff_no_index(fa, fb, *DIFF_OPTS).decode(errors="surrogateescape")
         at = text.find("\n@@")
         return text[at + 1 :] if at >= 0 else ""
 
@@ -118,11 +111,7 @@ class Scratch:
         target.parent.mkdir(parents=True)
         target.write_bytes(new)
         patch = f"--- a/{path}\n+++ b/{path}\n{body}"
-        out = run(
-            "git", "apply", "-R", "--check", "-", cwd=work, env=git_env(), check=False,
-            input=patch,
-        )  # fmt: skip
-        return out.returncode == 0
+        return apply_patch(patch.encode(errors="surrogateescape"), work, "-R", "--check")
 
     def renames(self, path: str, old: bytes, candidates: Files) -> list[list]:
         """git's rename candidates for ``path`` among ``candidates`` ([[path, similarity]])."""
@@ -139,37 +128,14 @@ class Scratch:
             (b / p).write_bytes(data)
         if not b.exists():
             return []
-        out = _git_bytes(
-            "diff", "--no-index", "-M", "-l0", "--name-status", "-z", "--diff-filter=R",
-            "a", "b", cwd=a.parent,
-        )  # fmt: skip
-        parts = [p for p in out.stdout.decode(errors="surrogateescape").split("\0") if p]
+        out = diff_no_index("a", "b", "-M", "-l0", "--name-status", "-z", "--diff-filter=R",
+                            cwd=a.parent)  # fmt: skip
+        parts = [p for p in out.decode(errors="surrogateescape").split("\0") if p]
         found = []
         for i in range(0, len(parts) - 2, 3):
             status, _src, dst = parts[i : i + 3]
             found.append([dst.removeprefix("b/"), int(status[1:] or 0)])
         return sorted(found, key=lambda x: -x[1])
-
-
-@dataclass(frozen=True)
-class _Out:
-    returncode: int
-    stdout: bytes
-    stderr: str
-
-
-def _git_bytes(*args: str, cwd: Path | None = None) -> _Out:
-    """git with bytes output (merge results and diffs are compared byte for byte)."""
-    import subprocess
-
-    proc = subprocess.run(
-        ["git", "-c", "core.quotepath=off", *args],
-        cwd=cwd,
-        env=git_env(),
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-    )
-    return _Out(proc.returncode, proc.stdout, proc.stderr.decode(errors="replace"))
 
 
 def conflict_regions(merged: bytes) -> str:

@@ -31,7 +31,7 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.rebase import records
 from vllm_overlay.rebase.releases import newer_releases, newest_release
 from vllm_overlay.track import report as track_report
-from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info
+from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info, lock_if_free
 
 UP_TO_DATE, READY, NEEDS_PERSON = "up-to-date", "ready", "needs-person"
 EXIT = {UP_TO_DATE: 0, READY: 0, NEEDS_PERSON: 1}
@@ -71,6 +71,7 @@ def _make_copy(project: Project, version: str) -> Copy:
             "cannot also be a folder of branches). Rename it (`git branch -m track OTHER`) "
             "and run this again."
         )
+    _free_branch(root, branch)
     worktree.parent.mkdir(parents=True, exist_ok=True)
     git("worktree", "add", "-q", "-f", "-B", branch, str(worktree), "HEAD", cwd=root)
     rel = project.root.resolve().relative_to(root.resolve())
@@ -83,6 +84,43 @@ def _remove_copy(root: Path, worktree: Path) -> None:
         git("worktree", "remove", "--force", "--force", str(worktree), cwd=root, check=False)
         shutil.rmtree(worktree, ignore_errors=True)
     git("worktree", "prune", cwd=root, check=False)
+
+
+def _holders(root: Path, branch: str) -> list[Path]:
+    """The worktrees of ``root``'s repository that have ``branch`` checked out."""
+    out, path, found = git("worktree", "list", "--porcelain", cwd=root).stdout, None, []
+    for line in out.splitlines():
+        if line.startswith("worktree "):
+            path = Path(line.removeprefix("worktree "))
+        elif line == f"branch refs/heads/{branch}" and path is not None:
+            found.append(path)
+    return found
+
+
+def _own_stale_copy(path: Path, branch: str) -> bool:
+    """``path`` is a copy an earlier tracking run made (``<project>/.work/track/vllm-V`` for
+    ``branch``) and no tracking run of that project is using it now (its lock is free)."""
+    if path.parts[-3:] != (".work", "track", branch.removeprefix("track/")):
+        return False
+    with lock_if_free(path.parent.parent / "track.lock") as free:
+        return free
+
+
+def _free_branch(root: Path, branch: str) -> None:
+    """Make ``branch`` movable: git will not reset a branch another worktree has checked
+    out. A stale copy of our own (an earlier run of the project from another place) is
+    removed; anything else that holds the branch is named, with how to free it."""
+    for path in _holders(root, branch):
+        if _own_stale_copy(path, branch):
+            info(f"removing a stale tracking copy at {path} (it held {branch})")
+            _remove_copy(root, path)
+            continue
+        raise TrackError(
+            f"the branch {branch} is checked out in the worktree {path}, so the tracking run "
+            f"cannot move it. Free it with `git worktree remove {path}` (save any work there "
+            "first), or `git worktree prune` if that directory is already gone; then run "
+            "this again."
+        )
 
 
 def _uncommitted(project: Project, root: Path) -> list[str]:

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from vllm_overlay.errors import BuildError
-from vllm_overlay.overlay.importing import merge_file
+from vllm_overlay.gitrepo import merge_file
 from vllm_overlay.util import info, sha256_bytes
 from vllm_overlay.wheel.provenance import ChangedFile
 from vllm_overlay.wheel.repack import OfficialWheel
