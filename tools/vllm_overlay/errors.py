@@ -123,3 +123,11 @@ class RebaseError(OverlayError):
 
 class ChangeImportError(OverlayError):
     """An upstream change could not be imported: bad patch, unreachable host, or a stop."""
+
+
+def missing_program(program: object, error: OSError) -> OverlayError:
+    """The error for a child process whose program does not exist (util.run and progress,
+    the pytest runner, the git layer)."""
+    return OverlayError(
+        f"{program} is not installed or not on PATH ({error}). Install it and try again."
+    )

@@ -28,8 +28,8 @@ import git as gitpython
 from git.diff import INDEX
 from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound
 
-from vllm_overlay.errors import CommandError, OverlayError
-from vllm_overlay.util import Output, missing_program
+from vllm_overlay.errors import CommandError, OverlayError, missing_program
+from vllm_overlay.util import Output
 
 Repo = gitpython.Repo
 IDENTITY = ("vllm-overlay", "vllm-overlay@localhost")

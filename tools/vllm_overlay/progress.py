@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from vllm_overlay.errors import CommandError
+from vllm_overlay.errors import CommandError, missing_program
 
 INTERVAL_ENV = "VLLM_OVERLAY_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 30.0  # seconds between "still running" lines off a terminal
@@ -244,8 +244,6 @@ def run_logged(
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         except FileNotFoundError as e:
-            from vllm_overlay.util import missing_program
-
             raise missing_program(argv[0], e) from e
         finally:
             if raw:

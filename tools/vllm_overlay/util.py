@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.errors import BusyError, CommandError, OverlayError, UsageError
+from vllm_overlay.errors import BusyError, CommandError, OverlayError, UsageError, missing_program
 
 
 @dataclass(frozen=True)
@@ -383,11 +383,3 @@ def find_uv() -> str | None:
     if beside.is_file() and os.access(beside, os.X_OK):
         return os.fspath(beside)
     return shutil.which("uv")
-
-
-def missing_program(program: object, error: OSError) -> OverlayError:
-    """The error for a child process whose program does not exist (util.run, the pytest
-    runner, the git layer)."""
-    return OverlayError(
-        f"{program} is not installed or not on PATH ({error}). Install it and try again."
-    )

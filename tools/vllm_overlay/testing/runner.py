@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import util
+from vllm_overlay import errors, util
 from vllm_overlay.envs import childenv
 from vllm_overlay.errors import SuiteError
 from vllm_overlay.testing import contract as suite_plugin
@@ -216,7 +216,7 @@ def _process_group(
             start_new_session=True,
         )
     except FileNotFoundError as e:
-        raise util.missing_program(cmd[0], e) from e
+        raise errors.missing_program(cmd[0], e) from e
     try:
         yield proc
     finally:
