@@ -482,7 +482,9 @@ def test_renamed_touched_file_stops_with_candidates_then_follows(proj: Proj, tmp
     res = rebase(proj, "--continue")
     assert res.rc == 1 and "No module named" in res.err and "not recorded" in res.err
     test = checkout(proj) / ADDED_TEST
-    test.write_text(test.read_text().replace("example_hidden_states_connector", "hidden_states_connector"))
+    test.write_text(
+        test.read_text().replace("example_hidden_states_connector", "hidden_states_connector")
+    )
     res = rebase(proj, "--continue", "--json")
     assert res.rc == 0, res.err
     [change] = [c for c in as_json(res)["changes"] if c["id"] == CID]

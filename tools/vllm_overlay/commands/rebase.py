@@ -108,8 +108,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def _options_only_with_to(args: argparse.Namespace) -> None:
     if args.unproven is not None and not args.cont:
-        raise UsageError("--unproven REASON goes with --continue (a resolution you record "
-                         "though its tests fail).")
+        raise UsageError(
+            "--unproven REASON goes with --continue (a resolution you record "
+            "though its tests fail)."
+        )
     if args.to:
         return
     names = ("git_url", "index_url", "checkout", "test_python", "direct")
@@ -223,8 +225,10 @@ def _render_change(c: dict) -> list[str]:
         if extra:
             out[0] += " (" + "; ".join(extra) + ")"
         if c.get("unproven"):
-            out.append(f"              UNPROVEN at {', '.join(c['unproven'])}: its resolution "
-                       "was recorded though the change's tests failed with it (--unproven)")
+            out.append(
+                f"              UNPROVEN at {', '.join(c['unproven'])}: its resolution "
+                "was recorded though the change's tests failed with it (--unproven)"
+            )
     elif status == rebase.STOP_TESTS:
         proof = c.get("test_run") or {}
         out[0] += f" at {c.get('release')}: {c.get('reason')}"

@@ -477,24 +477,11 @@ class Walker:
         changed = dict(sorted(changed.items(), key=lambda kv: (
             order.index(kv[0]) if kv[0] in order else len(order), kv[0])))  # fmt: skip
         tests = [_renamed(t, renames) for t in form.tests]
-        change = replace(self.changes[cid], files=tuple(changed or form.files), tests=tuple(tests))
-        if changed:
-            proof = self.host.prove_carried(w.release, change, {**tree, **changed}, "resolution")
-        else:
-            own = {t.partition("::")[0] for t in form.tests}
-            ours = {renames.get(p, p): d for p, d in self.blobs.files(form.after).items()
-                    if p in own and d}  # fmt: skip
-            proof = self.host.prove_drop(w.release, change, ours)
+        proof = self._prove_resolution(cid, changed, tests, tree, renames)
         failed = proof is not None and not proof.ok
         if failed and (unproven is None or not changed):
             return proof  # a drop is always proven: --unproven carries a resolution only
-        marks: dict = {}
-        if failed:
-            runs = proof.to_json().get("runs", {})  # type: ignore[union-attr]
-            marks["unproven"] = {**(unproven or {}), "tests": proof.text,  # type: ignore[union-attr]
-                                 "failed": [t for r in runs.values() for t in r.get("failing", [])]}
-        elif proof is not None:
-            marks["proof"] = proof.text
+        marks = _marks(proof, unproven)
         shown = {**stop.get("merged", {}), **stop.get("conflicted", {})}
         made: list[records.Record] = []
         for p, data in files.items():
@@ -516,13 +503,27 @@ class Walker:
                        proof=proof)  # fmt: skip
         else:
             more = {"unproven": marks["unproven"]} if failed else {}
+            proven = "its tests not run" if proof is None else proof.text
             self._carry(cid, changed, RESOLVED, "resolved by a person at this release; "
-                        + (f"UNPROVEN: {proof.text}" if failed and proof is not None else
-                           proof.text if proof is not None else "its tests not run"),
+                        + ("UNPROVEN: " if failed else "") + proven,
                         renamed=renames, records=[r.key for r in self.made], **more)  # fmt: skip
         if w.stop is None:
             w.next += 1
         return proof
+
+    def _prove_resolution(self, cid: str, changed: dict[str, bytes | None], tests: list[str],
+                          tree: dict[str, bytes | None], renames: dict[str, str]
+                          ) -> Proof | None:  # fmt: skip
+        """The change's tests on the release with the person's files (``changed``); when
+        nothing of the change is left (upstream's code), the drop's proof."""
+        w, form = self.walk, self.walk.forms[cid]
+        change = replace(self.changes[cid], files=tuple(changed or form.files), tests=tuple(tests))
+        if changed:
+            return self.host.prove_carried(w.release, change, {**tree, **changed}, "resolution")
+        own = {t.partition("::")[0] for t in form.tests}
+        ours = {renames.get(p, p): d for p, d in self.blobs.files(form.after).items()
+                if p in own and d}  # fmt: skip
+        return self.host.prove_drop(w.release, change, ours)
 
     def retry_proof(self) -> None:
         """Run the stopped drop's proof again (the person fixed what made it fail)."""
@@ -533,6 +534,18 @@ class Walker:
         self._drop(cid, decide.Outcome(cid, decide.DROPPED, reason))
         if w.stop is None:
             w.next += 1
+
+
+def _marks(proof: Proof | None, unproven: dict | None) -> dict:
+    """What a person's records say of their proof: the tests that passed with them, or (gone on
+    with --unproven) who, why, and the tests that failed."""
+    if proof is None:
+        return {}
+    if proof.ok:
+        return {"proof": proof.text}
+    runs = proof.to_json().get("runs", {})
+    failed = [t for r in runs.values() for t in r.get("failing", [])]
+    return {"unproven": {**(unproven or {}), "tests": proof.text, "failed": failed}}
 
 
 def _file_record(cid: str, sides: tuple, found: dict[str, records.Record]) -> records.Record | None:
