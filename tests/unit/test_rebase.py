@@ -283,6 +283,17 @@ def test_upstream_edits_elsewhere_in_a_touched_file_survive(proj: Proj, tmp_path
     assert "upstream-1.0.5" in (tmp_path / "fresh" / CONNECTOR).read_text()
 
 
+# 1.2.0's conflict resolved as it should be: upstream's int(), our group's block size
+RESOLVED_120 = release_files("1.2.0")[CONNECTOR].replace(
+    "        self._block_size = int(cache_config.block_size)  # upstream rewrote this\n",
+    "        self._block_size = int(\n"
+    "            getattr(cache_config, 'group_block_size', cache_config.block_size)\n"
+    "        )\n",
+)
+# ... and wrongly: upstream's line kept, ours lost (the change's test fails with it)
+WRONG_120 = release_files("1.2.0")[CONNECTOR].replace("# upstream rewrote this", "# and ours")
+
+
 def test_conflict_stops_with_markers_then_continue(proj: Proj, tmp_path: Path):
     before = project_snapshot(proj)
     res = rebase_to(proj, "1.2.0", "--json")
@@ -306,12 +317,7 @@ def test_conflict_stops_with_markers_then_continue(proj: Proj, tmp_path: Path):
     res = rebase(proj, "--continue")
     assert res.rc == 1 and "conflict markers" in res.err and CONNECTOR in res.err
 
-    resolved = release_files("1.2.0")[CONNECTOR].replace(
-        "        self._block_size = int(cache_config.block_size)  # upstream rewrote this\n",
-        "        self._block_size = int(\n"
-        "            getattr(cache_config, 'group_block_size', cache_config.block_size)\n"
-        "        )\n",
-    )
+    resolved = RESOLVED_120
     co_file.write_text(resolved)
     res = rebase(proj, "--continue", "--json")
     assert res.rc == 0, res.err
@@ -357,9 +363,7 @@ def test_later_changes_follow_a_resolved_conflict_in_order(proj: Proj, tmp_path:
     add_second_change(proj)
     assert rebase_to(proj, "1.2.0").rc == 1
     co = checkout(proj)
-    (co / CONNECTOR).write_text(
-        release_files("1.2.0")[CONNECTOR].replace("# upstream rewrote this", "# and ours")
-    )
+    (co / CONNECTOR).write_text(RESOLVED_120)
     res = rebase(proj, "--continue", "--json")
     assert res.rc == 0, res.err
     rep = as_json(res)
@@ -475,6 +479,13 @@ def test_renamed_touched_file_stops_with_candidates_then_follows(proj: Proj, tmp
     assert RENAMED in problem["detail"]
     assert "group_block_size" in (checkout(proj) / RENAMED).read_text()  # git carried our edit
     assert not (checkout(proj) / CONNECTOR).exists()
+    # the change's test imports the module by its old name: proven only once that follows
+    res = rebase(proj, "--continue")
+    assert res.rc == 1 and "No module named" in res.err and "not recorded" in res.err
+    test = checkout(proj) / ADDED_TEST
+    test.write_text(
+        test.read_text().replace("example_hidden_states_connector", "hidden_states_connector")
+    )
     res = rebase(proj, "--continue", "--json")
     assert res.rc == 0, res.err
     [change] = [c for c in as_json(res)["changes"] if c["id"] == CID]
@@ -498,9 +509,7 @@ def _subprocess_cli(p: Proj, *args: str) -> subprocess.CompletedProcess:
 
 def test_stopped_rebase_continues_in_a_new_process(proj: Proj, tmp_path: Path):
     assert rebase_to(proj, "1.2.0").rc == 1
-    (checkout(proj) / CONNECTOR).write_text(
-        release_files("1.2.0")[CONNECTOR].replace("# upstream rewrote this", "# and ours")
-    )
+    (checkout(proj) / CONNECTOR).write_text(RESOLVED_120)
     out = _subprocess_cli(proj, "rebase", "--continue")
     assert out.returncode == 0, out.stderr
     assert "rebase vllm 1.0.0 -> 1.2.0: complete" in out.stdout
@@ -652,9 +661,7 @@ def test_rebase_from_the_git_source(proj: Proj, tmp_path: Path):
     assert res.rc == 1, res.err
     assert as_json(res)["stopped_at"]["status"] == "conflict"
     assert as_json(res)["to"]["commit"] == proj.upstream.releases["1.2.0"].commit
-    (checkout(proj) / CONNECTOR).write_text(
-        release_files("1.2.0")[CONNECTOR].replace("# upstream rewrote this", "# and ours")
-    )
+    (checkout(proj) / CONNECTOR).write_text(RESOLVED_120)
     res = rebase(proj, "--continue")
     assert res.rc == 0, res.err
     assert_pinned(proj, "1.2.0")

@@ -3,6 +3,8 @@ conflict, pruned when their conflict can no longer occur."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 from vllm_overlay.rebase import records
@@ -82,3 +84,18 @@ def test_stored_records_are_checked_and_pruned(tmp_path):
     assert [p.name for p in (overlay / records.DIR / "c").iterdir()] == [
         later.relpath.split("/")[1]
     ]
+
+
+def test_proof_and_unproven_marks_round_trip_and_leave_old_records_byte_identical(tmp_path):
+    [rec] = records.derive("c", "f.py", "2.0", merged(tmp_path), RESOLVED.encode(), sides())[:1]
+    old = rec.to_json()
+    assert "proof" not in json.loads(old) and "unproven" not in json.loads(old)
+    assert records.Record.from_json(old).to_json() == old  # records made before proofs
+    un = {"why": "needs a GPU", "by": "Ada", "failed": ["t.py::test_x"], "tests": "1 failed"}
+    marked = replace(rec, unproven=un)
+    back = records.Record.from_json(marked.to_json())
+    assert back == marked and back.unproven == un and back.key == rec.key
+    records.save(tmp_path / "store", marked)
+    assert records.load(tmp_path / "store")[rec.key].unproven == un  # the key still holds
+    proven = replace(rec, proof="t.py: 1 passed on vllm 2.0 with it")
+    assert records.Record.from_json(proven.to_json()).proof == proven.proof

@@ -301,6 +301,7 @@ def test_stop_at_the_first_conflicting_release_then_continue(make_proj):
     assert len(recs) == 1
     rec = json.loads(recs[0].read_text())
     assert rec["release"] == "1.1.0" and rec["scope"] == "hunk"
+    assert "1 passed on vllm 1.1.0" in rec["proof"] and "unproven" not in rec  # proven first
     assert "".join(rec["release_side"]) == REWRITTEN
     [listed] = json.loads(run_cli("status", "--json", cwd=p.root).out)["resolutions"]
     assert (listed["change"], listed["release"], listed["in"]) == (CID, "1.1.0", "overlay")
@@ -343,6 +344,69 @@ def test_the_same_conflict_is_asked_once(make_proj):
     assert res.rc == 0, res.err
     assert "# checked against 1.1.0" in p.change_file(ADDED_TEST).read_text()
     assert "int(getattr(" in p.change_file(CONNECTOR + ".patch").read_text()
+
+
+def test_a_resolution_is_proven_before_it_is_recorded(make_proj):
+    """A wrong resolution (upstream's line kept, ours lost) fails the change's test at the
+    stop's release: refused, nothing recorded, the stop and the checkout as the person left
+    them. --unproven records it marked so; status and the outlook show the mark, and a later
+    rebase applies it only where the change's tests pass with it (here they do not)."""
+    p = make_proj("stop")
+    add_second_change(p)
+    assert to(p, "1.2.0").rc == 1
+    f = checkout(p) / CONNECTOR
+    text = f.read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
+    f.write_text(text[:start] + REWRITTEN.replace("\n", "  # group: see below\n") + text[end:])
+    co = checkout(p)
+    git = ["git", "-C", str(co)]
+    subprocess.run([*git, "config", "user.name", "Ada Person"], check=True)
+    subprocess.run([*git, "config", "user.email", "ada@example.org"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "my resolution"], check=True)  # folded when settled
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True).stdout
+    files, state = tree_snapshot(co), (p.root / ".work" / "rebase" / "state.json").read_bytes()
+
+    res = rebase(p, "--continue")
+    assert res.rc == 1
+    test_id = f"{ADDED_TEST}::test_group_block_size"
+    assert "is not recorded" in res.err and f"    {test_id}\n" in res.err
+    log = p.root / ".work/rebase/tests/1.1.0" / CID / "resolution/pytest.log"
+    assert f"log: {log}" in res.err and "assert 528 == 22" in log.read_text()
+    junit = res.err.split("JUnit report: ")[1].splitlines()[0]
+    assert test_id.rpartition("::")[2] in Path(junit).read_text()
+    assert tree_snapshot(co) == files  # the checkout as the person left it, HEAD too
+    assert subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True).stdout == head
+    assert (p.root / ".work" / "rebase" / "state.json").read_bytes() == state  # still stopped
+    assert not (p.root / ".work" / "resolutions").exists()  # nothing recorded
+    assert json.loads(run_cli("status", "--json", cwd=p.root).out)["resolutions"] == []
+
+    res = rebase(p, "--continue", "--unproven", "the test needs the GPU build", "--json")
+    assert res.rc == 1, res.err  # on to the next stop: the second change at 1.2.0
+    rep = json.loads(res.out)
+    assert rep["stopped_at"]["id"] == SECOND and rep["unproven"] == [CID]
+    [change] = [c for c in rep["changes"] if c["id"] == CID]
+    assert change["unproven"] == ["1.1.0"] and change["releases"]["1.1.0"] == "resolved"
+    [rec] = (p.root / ".work" / "resolutions" / CID).glob("*.json")
+    un = json.loads(rec.read_text())["unproven"]
+    assert un["why"] == "the test needs the GPU build" and un["failed"] == [test_id]
+    assert un["by"] == "Ada Person <ada@example.org>"  # git's user of the checkout
+    status = run_cli("status", cwd=p.root).out
+    assert "UNPROVEN: recorded with --unproven by" in status and test_id in status
+    assert rebase(p, "--abort").rc == 0
+
+    res = run_cli("outlook", "--index-url", p.index.url, "--to", "1.2.0", "--json", cwd=p.root)
+    [cell] = [o for col in json.loads(res.out)["releases"] if col["version"] == "1.1.0"
+              for o in col["outcomes"] if o["id"] == CID]  # fmt: skip
+    assert cell["state"] == "record" and cell["unproven"] == [json.loads(rec.read_text())["key"]]
+    text = run_cli("outlook", "--index-url", p.index.url, "--to", "1.2.0", cwd=p.root).out
+    assert "record! " in text and "record!   a record made unproven" in text
+
+    res = to(p, "1.2.0")  # the record is proven where it applies: its tests fail, so it stops
+    assert res.rc == 1
+    stop = json.loads(res.out)["stopped_at"]
+    assert (stop["id"], stop["release"]) == (CID, "1.1.0")
+    assert any("the change's tests fail with them" in n for n in stop["notes"])
 
 
 def test_a_record_that_does_not_match_is_not_applied(make_proj, tmp_path):

@@ -39,7 +39,13 @@ before it leave it:
              up to the target clears it (drops or merges it): the walk never asks more
              than the direct jump would.
              Resolve in the checkout (it shows that release), then --continue; or --abort.
-             The resolution is recorded (overlay/resolutions/), so no walk asks it again.
+             --continue first runs the change's tests on that release with your
+             resolution: if they fail, nothing is recorded, the stop stays, the checkout is
+             as you left it, and the failing tests are named (fix, then --continue again).
+             A proven resolution is recorded (overlay/resolutions/), so no walk asks it
+             again. --continue --unproven REASON records it though its tests fail, marked
+             unproven (who, why, which tests failed): `status` and the outlook show the
+             mark, and a later walk applies it only where the change's tests pass with it.
 
 Only when every change is settled are upstream.lock (the new pin: version, tag, commit,
 artifact hashes, base hashes), overlay/ (exported from the checkout) and overlay.toml
@@ -89,10 +95,23 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="jump straight to the target instead of walking every release in between",
     )
+    p.add_argument(
+        "--unproven",
+        metavar="REASON",
+        help="with --continue: record your resolution even though the change's tests fail "
+        "with it at the stop's release, marked unproven with REASON and your git user name "
+        "(e.g. --unproven 'the test needs a GPU'); without it, a resolution whose tests fail "
+        "is refused and the stop stays",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
 
 def _options_only_with_to(args: argparse.Namespace) -> None:
+    if args.unproven is not None and not args.cont:
+        raise UsageError(
+            "--unproven REASON goes with --continue (a resolution you record "
+            "though its tests fail)."
+        )
     if args.to:
         return
     names = ("git_url", "index_url", "checkout", "test_python", "direct")
@@ -104,7 +123,8 @@ def _options_only_with_to(args: argparse.Namespace) -> None:
     if given:
         raise UsageError(
             f"{', '.join(given)} go(es) with --to; --continue and --abort use what the rebase "
-            "started with (--continue takes only --commit, the new release's commit id)."
+            "started with (--continue takes only --commit, the new release's commit id, and "
+            "--unproven)."
         )
 
 
@@ -114,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if args.abort:
         rep = rebase.abort(project)
     elif args.cont:
-        rep = rebase.continue_(project, commit=args.commit)
+        rep = rebase.continue_(project, commit=args.commit, unproven=args.unproven)
     else:
         rep = rebase.start(
             project,
@@ -204,6 +224,11 @@ def _render_change(c: dict) -> list[str]:
             extra.append("now also touches " + ", ".join(c["added_files"]))
         if extra:
             out[0] += " (" + "; ".join(extra) + ")"
+        if c.get("unproven"):
+            out.append(
+                f"              UNPROVEN at {', '.join(c['unproven'])}: its resolution "
+                "was recorded though the change's tests failed with it (--unproven)"
+            )
     elif status == rebase.STOP_TESTS:
         proof = c.get("test_run") or {}
         out[0] += f" at {c.get('release')}: {c.get('reason')}"

@@ -21,7 +21,9 @@ change also touches says which), and the checkout's state:
   edited   it has uncommitted edits or new commits (run export)
   stale    the overlay changed since it was applied (run apply)
   missing  no checkout yet (run apply or edit)
-and the resolution records a rebase reuses (overlay/resolutions/, .work/resolutions/).
+and the resolution records a rebase reuses (overlay/resolutions/, .work/resolutions/); a
+record made with `rebase --continue --unproven` (its tests failed with it) is marked
+UNPROVEN, with who recorded it, why, and which tests failed.
 """
 
 
@@ -45,7 +47,8 @@ def _records(project) -> list[dict]:
                      ("work", project.work_dir / "resolutions")):  # fmt: skip
         for key, r in sorted(records.load(d).items(), key=lambda kv: kv[1].relpath):
             out.append({"change": r.change, "release": r.release, "path": r.path,
-                        "scope": r.scope, "key": key, "in": where})  # fmt: skip
+                        "scope": r.scope, "key": key, "in": where, "proof": r.proof,
+                        "unproven": r.unproven})  # fmt: skip
     return out
 
 
@@ -116,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
         where = "overlay/resolutions" if r["in"] == "overlay" else ".work/resolutions"
         print(f"resolution record {r['key'][:16]} ({where}): {r['change']} at {u.name} "
               f"{r['release']}, a {r['scope']} of {r['path']}")  # fmt: skip
+        if r["unproven"] is not None:
+            un = r["unproven"]
+            print(f"  UNPROVEN: recorded with --unproven by {un.get('by', '?')}: "
+                  f"{un.get('why', '')}; failed: {', '.join(un.get('failed', [])) or un.get('tests', '')}")  # fmt: skip
     if data["import"]:
         imp = data["import"]
         print(

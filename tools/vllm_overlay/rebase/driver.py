@@ -12,6 +12,7 @@ dropped, moved paths, revision) written; until then a stop leaves them as they w
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import signal
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.errors import RebaseError
-from vllm_overlay.gitrepo import config_set, set_ref, show_bytes, uncommitted
+from vllm_overlay.errors import RebaseError, UsageError
+from vllm_overlay.gitrepo import config_get, config_set, set_ref, show_bytes, uncommitted
 from vllm_overlay.overlay import history
 from vllm_overlay.overlay.checkout import APPLIED_REF, DIGEST_KEY, check_consistency
 from vllm_overlay.overlay.checkout import plan as plan_overlay
@@ -171,9 +172,13 @@ def _fault_point(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def continue_(project: Project, *, commit: str | None = None) -> dict:
+def continue_(project: Project, *, commit: str | None = None, unproven: str | None = None
+              ) -> dict:  # fmt: skip
     """Settle the stop with the person's resolution (or run its proof again), then go on.
 
+    The resolution is proven first: the change's tests at the stop's release with it. If they
+    fail, ``ResolutionNotProvenError`` (nothing recorded, the stop and the checkout as they
+    were), unless ``unproven`` (the person's reason) says to record it anyway, marked so.
     ``commit``: the new pin's full commit id, when the rebase could not resolve it.
     """
     paths = Paths(project)
@@ -189,10 +194,10 @@ def continue_(project: Project, *, commit: str | None = None) -> dict:
                 "then start it again."
             )
         with context(paths, state) as ctx:
-            return _continue(ctx)
+            return _continue(ctx, unproven)
 
 
-def _continue(ctx: Ctx) -> dict:
+def _continue(ctx: Ctx, unproven: str | None = None) -> dict:
     st = ctx.state
     if st.status == "finalizing":  # interrupted while writing: write it all again
         return _finish(ctx, _walker(ctx))
@@ -203,16 +208,24 @@ def _continue(ctx: Ctx) -> dict:
         return report(ctx, w)  # still unknown: the report says how to give it
     if w.stop is not None:
         if w.stop["kind"] == walk.TESTS_FAILED:
+            if unproven is not None:
+                raise UsageError(
+                    "--unproven records a person's resolution of a conflict; this stop is a "
+                    "drop whose tests failed, and a drop is always proven. Run `vllm-overlay "
+                    "rebase --continue` after fixing the test, or `--abort`."
+                )
             walker.retry_proof()
         else:
-            _settle(ctx, walker)
+            _settle(ctx, walker, unproven)
+    elif unproven is not None:
+        raise UsageError("--unproven goes with a stop a person resolved; there is none now.")
         st.walk = w.to_json()
         st.status = "running"
         ctx.save()
     return _advance(ctx, walker)
 
 
-def _settle(ctx: Ctx, walker: walk.Walker) -> None:
+def _settle(ctx: Ctx, walker: walk.Walker, unproven: str | None = None) -> None:
     w = walker.walk
     files = workspace.read_resolution(ctx)
     left = [p for p, d in files.items() if d is not None and _has_markers(d)]
@@ -224,13 +237,65 @@ def _settle(ctx: Ctx, walker: walk.Walker) -> None:
         )
     stop = w.stop or {}
     renames = {p: c[0][0] for p, c in stop.get("candidates", {}).items() if c}
-    walker.settle(files, renames)
+    why = {"why": unproven, "by": _who(ctx)} if unproven is not None else None
+    proof = walker.settle(files, renames, why)
+    if w.stop is stop:  # not proven: nothing recorded, the stop and the checkout as they were
+        tree = walker.blobs.files(w.tree)
+        dropped = all(d == tree.get(p) for p, d in files.items())
+        raise ResolutionNotProvenError(_not_proven(ctx, stop, proof, dropped=dropped))
+    workspace.fold_commits(ctx)
     for rec in walker.made:
         records.save(ctx.paths.records, rec)  # kept even if the rebase is aborted
         walker.records[rec.key] = rec
     if walker.made:
-        info(f"recorded {len(walker.made)} resolution(s) of change {stop.get('id')}: a later "
-             "walk that meets the same conflict applies them")  # fmt: skip
+        unproven_ = any(r.unproven is not None for r in walker.made)
+        mark = " UNPROVEN (--unproven: its tests fail with it)" if unproven_ else ""
+        info(f"recorded {len(walker.made)} resolution(s) of change {stop.get('id')}{mark}: a "
+             "later walk that meets the same conflict applies them where its tests pass")  # fmt: skip
+
+
+class ResolutionNotProvenError(RebaseError):
+    """A person's resolution of a stop fails the change's tests: it is not recorded."""
+
+
+def _who(ctx: Ctx) -> str:
+    """Who goes on unproven: git's user of the checkout, else the login name."""
+    name, email = config_get(ctx.repo, "user.name"), config_get(ctx.repo, "user.email")
+    if name:
+        return f"{name} <{email}>" if email else name
+    return getpass.getuser()
+
+
+def _not_proven(ctx: Ctx, stop: dict, proof: walk.Proof | None, *, dropped: bool) -> str:
+    """Why the resolution was refused: the failing tests by id, the log and JUnit report."""
+    cid, at = stop.get("id"), f"{ctx.name} {stop.get('release')}"
+    data = proof.to_json() if proof is not None else {}
+    runs = list((data.get("runs") or {}).values())
+    lines = [
+        f"your resolution of change {cid} at {at} is not recorded: "
+        + ("it leaves the change's files as upstream's, so the change would drop there, and "
+           if dropped else "")
+        + f"its tests do not pass with it ({data.get('text', '')})."
+    ]  # fmt: skip
+    failing = [t for r in runs for t in r.get("failing", [])]
+    if failing:
+        lines.append("failed:")
+        lines += ["    " + t for t in failing]
+    for r in runs:
+        if r.get("first_error"):
+            lines.append(f"first error: {r['first_error']}")
+        if r.get("log"):
+            lines.append(f"log: {r['log']}")
+        if r.get("junit"):
+            lines.append(f"JUnit report: {r['junit']}")
+    lines.append(
+        f"The stop is still there and {ctx.checkout} is as you left it: fix the resolution "
+        "(or the change's test) and run `vllm-overlay rebase --continue` again"
+        + ("; or keep the change (raise its drop_when) after `--abort`."
+           if dropped else "; or `vllm-overlay rebase --continue --unproven REASON` to record "
+           "it anyway, marked unproven; or `--abort`.")
+    )  # fmt: skip
+    return "\n".join(lines)
 
 
 def _has_markers(data: bytes) -> bool:

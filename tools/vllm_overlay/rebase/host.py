@@ -237,15 +237,16 @@ class SdistHost:
         self.prove_drops(version, [(change, ours)])
         return self._proved.pop((version, change.id))
 
-    def prove_carried(self, version: str, change: Change, files: dict[str, bytes | None]
-                      ) -> Proof | None:  # fmt: skip
+    def prove_carried(self, version: str, change: Change, files: dict[str, bytes | None],
+                      what: str = "record") -> Proof | None:  # fmt: skip
+        """``what``: "record" (a resolution record applied) or "resolution" (a person's)."""
         if not self.prove:
             return None
         if not change.tests:
             return Proof(True, "the change lists no tests")
         started = time.monotonic()
-        info(f"change {change.id}: running its tests on {self.name} {version} with the record")
-        res = self._run(version, change, "record", list(change.tests), {}, files)
+        info(f"change {change.id}: running its tests on {self.name} {version} with the {what}")
+        res = self._run(version, change, what, list(change.tests), {}, files)
         text = f"{', '.join(change.tests)}: {res.counts()} on {self.name} {version} with it"
         proof = Proof(res.ok, text, {"ours": res.to_json()})
         proof.seconds = round(time.monotonic() - started, 1)

@@ -18,6 +18,12 @@ Records live in two places, read together:
 A record applies only to an identical conflict (every hunk of the file has one, or the whole
 file does), and the walk then runs the change's tests on the release with the result before it
 counts: a record never silently applies a wrong merge.
+
+A person's resolution is proven before it is recorded: ``rebase --continue`` runs the change's
+tests at the stop's release with it, and records it only when they pass (``proof``: what
+passed). ``--continue --unproven REASON`` records it anyway, marked ``unproven`` (who, why,
+which tests failed); ``status`` and the outlook show the mark, and a walk applies such a
+record only where the change's tests pass with it, like any other.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class Record:
     base_side: str
     ours_side: str
     resolution: str
+    proof: str = ""  # the tests that passed with it where it was made ("" before proofs)
+    unproven: dict | None = None  # recorded though its tests failed: who, why, failing
 
     def to_json(self) -> str:
         data = {
@@ -61,6 +69,10 @@ class Record:
             "ours_side": self.ours_side.splitlines(keepends=True),
             "resolution": self.resolution.splitlines(keepends=True),
         }
+        if self.proof:
+            data["proof"] = self.proof
+        if self.unproven is not None:
+            data["unproven"] = self.unproven
         return json.dumps(data, indent=1) + "\n"
 
     @classmethod
@@ -70,7 +82,8 @@ class Record:
             change=d["change"], key=d["key"], path=d["path"], release=d["release"],
             scope=d["scope"], release_side="".join(d["release_side"]),
             base_side="".join(d["base_side"]), ours_side="".join(d["ours_side"]),
-            resolution="".join(d["resolution"]),
+            resolution="".join(d["resolution"]), proof=d.get("proof", ""),
+            unproven=d.get("unproven"),
         )  # fmt: skip
 
     @property

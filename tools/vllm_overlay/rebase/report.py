@@ -39,9 +39,11 @@ def settled(w: walk_.Walk, overlay: Overlay) -> list[dict]:
             status = KEPT
         form = w.forms[cid]
         renamed = {k: v for c in cells for k, v in c.get("renamed", {}).items()}
+        unproven = [c["release"] for c in cells if c.get("unproven") or c.get("unproven_records")]
         out.append({**base, "status": status, "files": list(form.files),
                     "tests": list(form.tests), "renamed": renamed,
-                    "releases": {c["release"]: c["state"] for c in cells}})  # fmt: skip
+                    "releases": {c["release"]: c["state"] for c in cells},
+                    "unproven": unproven})  # fmt: skip
     return out
 
 
@@ -100,6 +102,7 @@ def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> 
         "refreshed": by[REFRESHED],
         "resolved": by[RESOLVED],
         "by_record": by[RECORD],
+        "unproven": [c["id"] for c in changes if c.get("unproven")],  # recorded unproven
         "dropped": [
             {"id": c["id"], "release": c["release"], "reason": c["reason"], "proof": c["proof"]}
             for c in changes
@@ -201,7 +204,8 @@ def next_steps(ctx: Ctx, pending: dict) -> list[str]:
             f"the conflict markers there: between <<<<<<< and ||||||| is upstream {new}, "
             "between ||||||| and ======= the code our change was last written against, "
             "between ======= and >>>>>>> our change. Keep upstream's new code and redo our "
-            "change on top of it; the resolution is recorded, so no walk asks it again."
+            "change on top of it; once the change's tests pass with it there, the resolution "
+            "is recorded, so no walk asks it again."
         )
     if "collision" in kinds:
         steps.append(

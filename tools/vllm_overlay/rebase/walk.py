@@ -171,10 +171,11 @@ class Host(Protocol):
         """The change's tests (``ours``: its own test files) and its upstream tests on the
         release's pristine tree; None: not run (the outlook)."""
 
-    def prove_carried(self, version: str, change: Change, tree: dict[str, bytes | None]
-                      ) -> Proof | None:  # fmt: skip
+    def prove_carried(self, version: str, change: Change, tree: dict[str, bytes | None],
+                      what: str = "record") -> Proof | None:  # fmt: skip
         """The change's tests on the release with ``tree`` (the series' files) written over
-        it; None: not run (the outlook)."""
+        it (``what``: a "record" applied, or a person's "resolution"); None: not run (the
+        outlook)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,11 +335,13 @@ class Walker:
         if len(items) > 1:
             self.host.prove_drops(w.release, items)
 
-    def _drop(self, cid: str, o: decide.Outcome) -> None:
+    def _drop(self, cid: str, o: decide.Outcome, proof: Proof | None = None) -> None:
+        """``proof``: the drop's, already run (a person's resolution to upstream's code)."""
         w = self.walk
-        self._batch_drops(cid)
-        change, ours = self._as_carried(cid)
-        proof = self.host.prove_drop(w.release, change, ours)
+        if proof is None:
+            self._batch_drops(cid)
+            change, ours = self._as_carried(cid)
+            proof = self.host.prove_drop(w.release, change, ours)
         if proof is not None and not proof.ok:
             self._stop(cid, TESTS_FAILED, o.reason, proof=proof.to_json())
             return
@@ -420,8 +423,14 @@ class Walker:
             if k not in w.records_used:
                 w.records_used.append(k)
         text = proof.text if proof is not None else "its tests not run here (the outlook)"
+        # A record a person made unproven (--unproven) applies like any other only where the
+        # change's tests pass with it (the rebase always runs them); the cell says so.
+        unproven = sorted(r.key for r in used if r.unproven is not None)
+        more = {"unproven_records": unproven} if unproven else {}
+        if unproven:
+            text += f"; record {', '.join(k[:12] for k in unproven)} was recorded unproven"
         self._carry(cid, files, RECORD, f"{o.reason}; resolved by record "
-                    f"{', '.join(k[:12] for k in keys)}; {text}", records=keys)  # fmt: skip
+                    f"{', '.join(k[:12] for k in keys)}; {text}", records=keys, **more)  # fmt: skip
         return True
 
     # -- looking ahead ---------------------------------------------------------------------
@@ -462,16 +471,33 @@ class Walker:
 
     # -- a person's settlement -------------------------------------------------------------
 
-    def settle(self, files: dict[str, bytes | None], renames: dict[str, str]) -> None:
+    def settle(self, files: dict[str, bytes | None], renames: dict[str, str],
+               unproven: dict | None = None) -> Proof | None:  # fmt: skip
         """The person's resolution of the stop: the change's files as they left them at the
-        stop's release (``files``: every path they touched; None: deleted)."""
+        stop's release (``files``: every path they touched; None: deleted).
+
+        Proven before it counts: the change's tests run on the release with it (a resolution
+        to upstream's code: the drop's proof). Not proven: nothing changes (the stop stays, no
+        record is made) and the failed proof is returned, unless ``unproven`` (who and why)
+        says to go on anyway: then the records are marked unproven."""
         w = self.walk
         stop = w.stop
         assert stop is not None and stop["kind"] != TESTS_FAILED
         cid = stop["id"]
         form = w.forms[cid]
         tree = self._tree(list(files))
+        changed = {p: d for p, d in files.items() if d != tree.get(p)}
+        order = [renames.get(p, p) for p in form.files]  # the change's order, then new files
+        changed = dict(sorted(changed.items(), key=lambda kv: (
+            order.index(kv[0]) if kv[0] in order else len(order), kv[0])))  # fmt: skip
+        tests = [_renamed(t, renames) for t in form.tests]
+        proof = self._prove_resolution(cid, changed, tests, tree, renames)
+        failed = proof is not None and not proof.ok
+        if failed and (unproven is None or not changed):
+            return proof  # a drop is always proven: --unproven carries a resolution only
+        marks = _marks(proof, unproven)
         shown = {**stop.get("merged", {}), **stop.get("conflicted", {})}
+        made: list[records.Record] = []
         for p, data in files.items():
             if data is None or p not in form.files:
                 continue
@@ -479,23 +505,39 @@ class Walker:
                      self.blobs.get(form.after.get(p)) or b"")  # fmt: skip
             cf = stop.get("conflicted", {}).get(p)
             if cf is not None:
-                self.made += records.derive(cid, p, w.release, self.blobs.get(cf), data, sides)  # type: ignore[arg-type]
+                made += records.derive(cid, p, w.release, self.blobs.get(cf), data, sides)  # type: ignore[arg-type]
             elif data != self.blobs.get(shown.get(p)):  # the person edited a file that merged
-                self.made.append(records.whole_file(cid, p, w.release, sides, data))
-        changed = {p: d for p, d in files.items() if d != tree.get(p)}
-        order = [renames.get(p, p) for p in form.files]  # the change's order, then new files
-        changed = dict(sorted(changed.items(), key=lambda kv: (
-            order.index(kv[0]) if kv[0] in order else len(order), kv[0])))  # fmt: skip
-        form.tests = [_renamed(t, renames) for t in form.tests]
+                made.append(records.whole_file(cid, p, w.release, sides, data))
+        self.made += [replace(r, **marks) for r in made]
+        form.tests = tests
         w.stop = None
         if not changed:
             self._drop(cid, decide.Outcome(cid, decide.DROPPED, "the person resolved the stop "
-                       f"to upstream's code: {w.name} {w.release} replaces the change"))  # fmt: skip
+                       f"to upstream's code: {w.name} {w.release} replaces the change"),
+                       proof=proof)  # fmt: skip
         else:
-            self._carry(cid, changed, RESOLVED, "resolved by a person at this release",
-                        renamed=renames, records=[r.key for r in self.made])  # fmt: skip
+            more = {"unproven": marks["unproven"]} if failed else {}
+            proven = "its tests not run" if proof is None else proof.text
+            self._carry(cid, changed, RESOLVED, "resolved by a person at this release; "
+                        + ("UNPROVEN: " if failed else "") + proven,
+                        renamed=renames, records=[r.key for r in self.made], **more)  # fmt: skip
         if w.stop is None:
             w.next += 1
+        return proof
+
+    def _prove_resolution(self, cid: str, changed: dict[str, bytes | None], tests: list[str],
+                          tree: dict[str, bytes | None], renames: dict[str, str]
+                          ) -> Proof | None:  # fmt: skip
+        """The change's tests on the release with the person's files (``changed``); when
+        nothing of the change is left (upstream's code), the drop's proof."""
+        w, form = self.walk, self.walk.forms[cid]
+        change = replace(self.changes[cid], files=tuple(changed or form.files), tests=tuple(tests))
+        if changed:
+            return self.host.prove_carried(w.release, change, {**tree, **changed}, "resolution")
+        own = {t.partition("::")[0] for t in form.tests}
+        ours = {renames.get(p, p): d for p, d in self.blobs.files(form.after).items()
+                if p in own and d}  # fmt: skip
+        return self.host.prove_drop(w.release, change, ours)
 
     def retry_proof(self) -> None:
         """Run the stopped drop's proof again (the person fixed what made it fail)."""
@@ -506,6 +548,18 @@ class Walker:
         self._drop(cid, decide.Outcome(cid, decide.DROPPED, reason))
         if w.stop is None:
             w.next += 1
+
+
+def _marks(proof: Proof | None, unproven: dict | None) -> dict:
+    """What a person's records say of their proof: the tests that passed with them, or (gone on
+    with --unproven) who, why, and the tests that failed."""
+    if proof is None:
+        return {}
+    if proof.ok:
+        return {"proof": proof.text}
+    runs = proof.to_json().get("runs", {})
+    failed = [t for r in runs.values() for t in r.get("failing", [])]
+    return {"unproven": {**(unproven or {}), "tests": proof.text, "failed": failed}}
 
 
 def _file_record(cid: str, sides: tuple, found: dict[str, records.Record]) -> records.Record | None:

@@ -97,19 +97,25 @@ def show_stop(ctx: Ctx, w: Walk, blobs: Blobs, changes: dict[str, Change], repo:
 
 
 def read_resolution(ctx: Ctx) -> dict[str, bytes | None]:
-    """Every file the person changed in the checkout since the stop (None: deleted)."""
+    """Every file the person changed in the checkout since the stop (None: deleted), commits
+    they made on top included; the checkout is left as it is (``fold_commits`` after)."""
     head, pre = ctx.head(), ctx.state.step_head
-    if head != pre:
-        if not is_ancestor(ctx.repo, pre, head):
-            raise RebaseError(
-                f"HEAD of {ctx.checkout} moved off the rebase (it is {head[:12]}, expected "
-                f"{pre[:12]} or a commit on top of it). Check out the rebase's work again, or "
-                "`--abort`."
-            )
-        run_git(ctx.repo.git, "reset", "-q", "--soft", pre)  # fold the person's commits
+    if head != pre and not is_ancestor(ctx.repo, pre, head):
+        raise RebaseError(
+            f"HEAD of {ctx.checkout} moved off the rebase (it is {head[:12]}, expected "
+            f"{pre[:12]} or a commit on top of it). Check out the rebase's work again, or "
+            "`--abort`."
+        )
     paths = sorted(set(changed_since(ctx.repo, pre) + untracked(ctx.repo)))
     out: dict[str, bytes | None] = {}
     for rel in paths:
         p = ctx.checkout / rel
         out[rel] = p.read_bytes() if p.is_file() else None
     return out
+
+
+def fold_commits(ctx: Ctx) -> None:
+    """Fold the commits the person made on top of the stop into its uncommitted files (once
+    their resolution is settled)."""
+    if ctx.head() != ctx.state.step_head:
+        run_git(ctx.repo.git, "reset", "-q", "--soft", ctx.state.step_head)

@@ -47,6 +47,8 @@ class TestRun:
     log: str = ""
     python: str = ""
     first_error: str = ""  # the first failing test's message (from the JUnit report)
+    failing: list[str] = field(default_factory=list)  # the ids of the tests that failed or errored
+    junit: str = ""  # the JUnit report ("" when pytest wrote none)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -236,6 +238,7 @@ def to_test_run(targets: list[str], python: str, run: pytest_runner.PytestRun) -
         skipped=n["skipped"],
         log=os.fspath(run.log),
         python=python,
+        junit=os.fspath(run.junit) if run.junit is not None else "",
     )
     if run.junit is None:
         result.summary = f"pytest did not finish (exit code {run.returncode}, no JUnit report)"
@@ -245,4 +248,5 @@ def to_test_run(targets: list[str], python: str, run: pytest_runner.PytestRun) -
         result.summary = f"{result.counts()} in {run.seconds:.1f}s"
     failing = [r for r in run.results.values() if r.failing]
     result.first_error = f"{failing[0].nodeid}: {failing[0].summary}" if failing else ""
+    result.failing = [r.nodeid for r in failing]
     return result

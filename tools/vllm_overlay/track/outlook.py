@@ -194,7 +194,8 @@ def _columns(series: Series, host: SdistHost, main: dict) -> list[Column]:
             outcomes.append({"id": cid, "state": state, "reason": c["reason"],
                              "files": c.get("files", []), "hunks": c.get("hunks", {}),
                              "candidates": c.get("candidates", {}), "notes": [],
-                             "proof": c.get("proof", "")})  # fmt: skip
+                             "proof": c.get("proof", ""),
+                             "unproven": c.get("unproven_records", [])})  # fmt: skip
             proof = c.get("test_run")
             if c.get("proof") and "not proven here" not in c["proof"]:
                 tests[cid] = {"ran": True, "ok": True, "on": "the pristine tree",

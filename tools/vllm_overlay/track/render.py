@@ -45,6 +45,15 @@ LEGEND = {
     walk.WAITING: "conflicts here, but a later release clears it: nobody is asked",
     GONE: "dropped at an earlier release",
 }
+# A record a person made with `rebase --continue --unproven` (its tests failed with it where it
+# was made): the matrix marks the cell (the rebase applies it only where its tests pass).
+UNPROVEN_MARK = "!"
+UNPROVEN_LEGEND = ("a record made unproven (--unproven: its tests failed with it) resolves it; "
+                   "the rebase applies it only where the change's tests pass with it")  # fmt: skip
+
+
+def _short(o: dict) -> str:
+    return SHORT[o["state"]] + (UNPROVEN_MARK if o.get("unproven") else "")
 
 
 def _test_mark(col: dict, cid: str) -> str:
@@ -74,7 +83,7 @@ def terminal(data: dict, *, colour: bool = False) -> str:
             cells = []
             for col in cols:
                 o = next(x for x in col["outcomes"] if x["id"] == cid)
-                text = f"{SHORT[o['state']] + _test_mark(col, cid):<{cell_w}}"
+                text = f"{_short(o) + _test_mark(col, cid):<{cell_w}}"
                 if colour:
                     text = f"\x1b[{COLOUR[o['state']]}m{text}\x1b[0m"
                 cells.append(text)
@@ -83,6 +92,8 @@ def terminal(data: dict, *, colour: bool = False) -> str:
         lines.append("legend:")
         for state, text in LEGEND.items():
             lines.append(f"  {SHORT[state]:<9} {text}")
+        if any(o.get("unproven") for c in cols for o in c["outcomes"]):
+            lines.append(f"  {SHORT[walk.RECORD] + UNPROVEN_MARK:<9} {UNPROVEN_LEGEND}")
         if tests:
             lines.append(
                 "  ok/FAIL   the change's tests on that release (patched tree; pristine if dropped)"
@@ -153,7 +164,7 @@ table.matrix{border-collapse:collapse}
 td.kept{background:#d7f5dc}td.refreshed{background:#d4f1f4}td.dropped{background:#dde6fb}
 td.conflict{background:#f9c9c9;font-weight:bold}td.moved{background:#efd0f5;font-weight:bold}
 td.collision{background:#fbe8b5;font-weight:bold}td.record{background:#d4f1f4}
-td.waiting{background:#fdf3d0}td.gone{color:#999}td.tests-failed{background:#f9c9c9}
+td.unproven{outline:2px dashed #b00020}td.waiting{background:#fdf3d0}td.gone{color:#999}td.tests-failed{background:#f9c9c9}
 td a{color:inherit;text-decoration:none;display:block}
 .t-ok{color:#11772b}.t-fail{color:#b00020;font-weight:bold}
 th.clean{background:#d7f5dc}th.safe{outline:3px solid #11772b}
@@ -194,16 +205,19 @@ def page(data: dict) -> str:
             if t and t.get("ran"):
                 mark = (' <span class="t-ok">tests ok</span>' if t["ok"]
                         else ' <span class="t-fail">tests FAIL</span>')  # fmt: skip
+            unproven = " (unproven)" if o.get("unproven") else ""
+            cls = o["state"] + (" unproven" if unproven else "")
             out.append(
-                f'<td class="{o["state"]}" data-state="{o["state"]}" data-change="{e(ch["id"])}" '
+                f'<td class="{cls}" data-state="{o["state"]}" data-change="{e(ch["id"])}" '
                 f'data-version="{e(col["version"])}"><a href="#{cell_anchor(ch["id"], col["version"])}">'
-                f"{e(o['state'])}{mark}</a></td>"
+                f"{e(o['state'])}{unproven}{mark}</a></td>"
             )
         out.append("</tr>")
     out.append("</tbody></table>")
     out.append("<h2>Legend</h2><dl>")
     for state, text in LEGEND.items():
         out.append(f"<dt>{state}</dt><dd>{e(text)}</dd>")
+    out.append(f"<dt>{walk.RECORD} (unproven)</dt><dd>{e(UNPROVEN_LEGEND)}</dd>")
     out.append("</dl>")
     if data.get("skipped"):
         out.append("<h2>Skipped releases</h2><ul>")
