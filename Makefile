@@ -19,7 +19,7 @@ SUITE_ARGS ?=
 INSTALLER ?= uv
 TRACK_REPORT_DIR ?= .work/track
 
-.PHONY: help venv build-wheel test test-unit test-engine test-upstream test-releases lint apply \
+.PHONY: help venv build-wheel test test-unit test-engine test-upstream test-upstream-ci test-releases lint apply \
         fetch edit export check-overlay status publish rebase outlook track bench bench-engine \
         bench-coldstart clean
 
@@ -28,7 +28,8 @@ help:
 	@echo "make test           lint, overlay checks, and the tool's tests (network-marked ones too)"
 	@echo "make test-unit      the unit tests alone (tests/unit: no network, no real installers)"
 	@echo "make test-engine [ENGINE_DEVICE=cpu|cuda]  vLLM itself from our built wheel (tests/engine)"
-	@echo "make test-upstream [SUITE_ARGS=…]  vLLM's kv_connector suite: patched vs pristine"
+	@echo "make test-upstream [SUITE_ARGS=…]  vLLM's kv_connector suite: patched vs pristine (--shard K/N, --merge DIR…)"
+	@echo "make test-upstream-ci [SUITE_ARGS=…]  CI's part of it: the connector framework's and hidden-states files"
 	@echo "make apply          the patched checkout in .work/vllm"
 	@echo "make edit / export  change the overlay through the checkout, write overlay/ back"
 	@echo "make publish INDEX=DIR|URL   publish dist/*.whl"
@@ -79,10 +80,28 @@ test-releases: $(STAMP)
 test-upstream: $(STAMP)
 	$(VO) suite $(SUITE_ARGS)
 
+# CI's part of the suite (.ci/run, .github/workflows/ci.yml): the files of the connector
+# framework and of the hidden-states connector (the whole suite, 2221 tests at 0.32.0, takes
+# ~20 min on 2 cores: the nightly workflow runs it in shards). Without a cached baseline,
+# pristine upstream runs only what did not pass on the patched tree: the same verdict, no
+# "fixed" list (docs/suite.md).
+CI_SUITE_DIR := tests/v1/kv_connector/unit
+CI_SUITE_FILES := test_hidden_states_connector.py test_hidden_states_connector_aborted_files.py \
+    test_hidden_states_connector_confined_paths.py test_hidden_states_connector_cpu_cache.py \
+    test_example_connector.py test_config.py test_kv_connector_lifecycle.py \
+    test_multi_connector.py test_error_propagation.py test_remote_decode_lifecycle.py \
+    test_remote_prefill_lifecycle.py test_invalid_blocks_correctness.py \
+    test_kv_load_failure_recovery.py test_scheduler_kv_connector_override.py \
+    test_output_aggregator.py test_hma_auto_config.py test_cache_pollution_prevention.py
+test-upstream-ci: $(STAMP)
+	$(VO) suite --baseline-for-failures --tests $(addprefix $(CI_SUITE_DIR)/,$(CI_SUITE_FILES)) \
+	    $(SUITE_ARGS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tools tests bench
 	$(VENV)/bin/ruff format --check tools tests bench
 	$(VENV)/bin/pre-commit validate-config
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 check-overlay: $(STAMP)
 	$(VO) lock --check

@@ -31,7 +31,13 @@ no "fixed" list (CI uses it). JUnit XML for both sides goes to .work/suite/junit
 
 On a GPU machine, --wheel dist/vllm-….whl runs the same tests against the built wheel's
 code (and the baseline against the official release wheel) instead of the source trees;
-use --python with an environment that has the wheel's CUDA torch. See docs/suite.md.
+use --python with an environment that has the wheel's CUDA torch.
+
+Across machines: --shard K/N runs the K-th of N shares of the selection (whole test files,
+balanced by suite-durations.json, the same split on every machine) and leaves its results
+in --junit DIR (default .work/suite/shards/K-of-N); --merge DIR... reads the N shards'
+directories and prints the one verdict of the unsplit run. A shard that is missing or did
+not run makes the merge fail, naming it. See docs/suite.md.
 """
 
 
@@ -90,6 +96,28 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--junit", metavar="DIR", type=Path, help="write baseline.xml and patched.xml here"
     )
+    split = p.add_mutually_exclusive_group()
+    split.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run only the K-th of N shares of the selection's test files (balanced by "
+        "--durations) and write the shard's results to --junit DIR for --merge",
+    )
+    split.add_argument(
+        "--merge",
+        metavar="DIR",
+        type=Path,
+        nargs="+",
+        help="run nothing: merge the results directories of the N shards into one verdict "
+        "(merged JUnit reports and durations.json go to --junit)",
+    )
+    p.add_argument(
+        "--durations",
+        metavar="FILE",
+        type=Path,
+        help="seconds per test file that --shard balances by (default: suite-durations.json "
+        "in the project)",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON (for CI)")
     p.add_argument(
         "--timeout",
@@ -114,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout {args.timeout}: give a number of seconds, at least 1.")
     if args.workers < 0:
         raise UsageError(f"--workers {args.workers}: give 0 or more.")
+    if args.merge:
+        junit = args.junit or find_project().work_dir / "suite" / "junit"
+        return _print(suite.merge_shards(args.merge, junit), args.json)
     provider = suite.python_provider(args.python) if args.python else suite.testenv_provider
     req = suite.SuiteRequest(
         checkout=args.checkout,
@@ -124,9 +155,14 @@ def run(args: argparse.Namespace) -> int:
         options=suite.RunOptions(timeout=args.timeout, workers=args.workers),
         env_provider=provider,
         index_url=args.index_url,
+        shard=suite.ShardSpec.parse(args.shard) if args.shard else None,
+        durations=args.durations,
     )
-    outcome = suite.run_suite(find_project(), req)
-    if args.json:
+    return _print(suite.run_suite(find_project(), req), args.json)
+
+
+def _print(outcome: suite.SuiteOutcome, as_json: bool) -> int:
+    if as_json:
         sys.stdout.write(json.dumps(outcome.json(), indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(outcome.text())

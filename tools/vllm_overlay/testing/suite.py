@@ -24,6 +24,7 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import upstream_repo
+from vllm_overlay.testing import shards
 from vllm_overlay.testing.baseline import (
     CorruptBaseline,
     baseline_key,
@@ -32,6 +33,7 @@ from vllm_overlay.testing.baseline import (
     store_baseline,
 )
 from vllm_overlay.testing.report import Comparison, RunInfo, RunView, compare, render_text, to_json
+from vllm_overlay.testing.shards import ShardSpec
 from vllm_overlay.testing.side import (
     DEFAULT_TIMEOUT,
     DEFAULT_WORKERS,
@@ -52,7 +54,10 @@ __all__ = [  # what `vllm-overlay suite` uses from here, wherever it is defined
     "DEFAULT_TIMEOUT",
     "DEFAULT_WORKERS",
     "RunOptions",
+    "ShardSpec",
+    "SuiteOutcome",
     "SuiteRequest",
+    "merge_shards",
     "python_provider",
     "run_suite",
     "testenv_provider",
@@ -123,6 +128,8 @@ class SuiteRequest:
     options: RunOptions = RunOptions()
     env_provider: EnvProvider = testenv_provider
     index_url: str | None = None
+    shard: ShardSpec | None = None  # run only this shard's files (docs/suite.md, "Shards")
+    durations: Path | None = None  # the split's durations; None: the project's
 
 
 @dataclass
@@ -140,16 +147,34 @@ class SuiteOutcome:
 
 
 def run_suite(project: Project, req: SuiteRequest) -> SuiteOutcome:
-    """Both sides (the baseline from the cache when it can), compared."""
+    """Both sides (the baseline from the cache when it can), compared. A shard runs its part
+    of the selection and leaves its results in the JUnit directory for ``merge_shards``."""
     if req.baseline not in BASELINE_MODES:
         raise UsageError(f"baseline mode {req.baseline!r}: use one of {BASELINE_MODES}")
     _check_wheel(req.wheel)
-    lock, overlay = project.lock(), project.overlay()
     work = project.work_dir / "suite"
+    junit_dir = req.junit_dir or work / "junit"
+    if req.shard is None:
+        return _run_suite(project, req, work, junit_dir)
+    junit_dir = req.junit_dir or work / "shards" / f"{req.shard.index}-of-{req.shard.total}"
+    with shards.recording(junit_dir, req.shard):
+        return _run_suite(project, req, work, junit_dir)
+
+
+def _run_suite(project: Project, req: SuiteRequest, work: Path, junit_dir: Path) -> SuiteOutcome:
+    lock, overlay = project.lock(), project.overlay()
     with util.exclusive_lock(work / ".lock", f"the suite work area {work}"):
         patched_tree = _patched_tree(lock, overlay, work, req)
         overlay_tests = tuple(t for c in overlay.changes for t in c.tests)
-        selection = check_selection(patched_tree, req.tests or default_selection(overlay_tests))
+        whole = check_selection(patched_tree, req.tests or default_selection(overlay_tests))
+        selection, part = whole, None
+        if req.shard is not None:
+            durations = shards.load_durations(req.durations or project.root / shards.DURATIONS_FILE)
+            part = shards.shard_selection(patched_tree, whole, req.shard, durations)
+            selection = part.selection
+            util.info(
+                f"suite: shard {req.shard.label}: {len(part.files)} test files (split {part.digest})"
+            )
         env = req.env_provider(patched_tree)
         base_sel = _pristine_selection(lock, selection, req.index_url)
         baseline = _baseline(lock, work, req, env, base_sel)
@@ -162,7 +187,7 @@ def run_suite(project: Project, req: SuiteRequest) -> SuiteOutcome:
         if baseline is None:  # targeted, nothing cached: only what did not pass on patched
             passed = sorted(n for n, r in patched.results.items() if r.outcome == "passed")
             baseline = _run_baseline(lock, work, req, env, base_sel, deselect=tuple(passed))
-        junit = _write_junit(req.junit_dir or work / "junit", baseline, patched)
+        junit = _write_junit(junit_dir, baseline, patched)
     views = {
         "baseline": RunView(
             baseline.results,
@@ -178,8 +203,47 @@ def run_suite(project: Project, req: SuiteRequest) -> SuiteOutcome:
         if views[name].ran
     }
     cmp = compare(views["baseline"], views["patched"], overlay_tests)
-    meta = _meta(lock, selection, base_sel, env, req, patched_tree)
-    return SuiteOutcome(cmp, runs, meta, _title(lock, selection, overlay_tests, env, req))
+    meta = _meta(lock, whole, base_sel, env, req, patched_tree)
+    title = _title(lock, whole, overlay_tests, env, req)
+    if part is None:
+        _write_durations(junit_dir, lock, patched.results)
+        return SuiteOutcome(cmp, runs, meta, title)
+    shards.write_done(junit_dir, part, views, runs, meta, title, overlay_tests)
+    meta = {**meta, **part.to_json(), "files": list(part.files)}
+    title += f"\nshard {req.shard.label}: {len(part.files)} test files (split {part.digest})"
+    return SuiteOutcome(cmp, runs, meta, title)
+
+
+def merge_shards(dirs: list[Path], junit_dir: Path) -> SuiteOutcome:
+    """One verdict from the shards' results directories: the unsplit run's comparison and
+    report; the merged JUnit reports and durations.json go to ``junit_dir``."""
+    merged = shards.merge(dirs)
+    junit = {}
+    for side, text in merged.junit.items():
+        util.atomic_write_text(junit_dir / f"{side}.xml", text)
+        junit[side] = os.fspath(junit_dir / f"{side}.xml")
+    shards.write_durations(
+        junit_dir / "durations.json",
+        shards.durations_of(merged.views["patched"].results),
+        _upstream_label(merged.meta["upstream"]),
+    )
+    runs = {n: RunInfo(i.seconds, i.cached, junit[n]) for n, i in merged.runs.items()}
+    cmp = compare(merged.views["baseline"], merged.views["patched"], merged.overlay_tests)
+    return SuiteOutcome(cmp, runs, merged.meta, merged.title)
+
+
+def _upstream_label(upstream: dict) -> str:
+    return f"{upstream['name']} {upstream['version']}"
+
+
+def _write_durations(junit_dir: Path, lock: Lock, results: dict) -> None:
+    """durations.json beside the JUnit reports: copy it to suite-durations.json to refresh
+    the split (docs/suite.md, "Shards")."""
+    shards.write_durations(
+        junit_dir / "durations.json",
+        shards.durations_of(results),
+        f"{lock.upstream.name} {lock.upstream.version}",
+    )
 
 
 def _check_wheel(wheel: Path | None) -> None:
