@@ -20,7 +20,7 @@ INSTALLER ?= uv
 TRACK_REPORT_DIR ?= .work/track
 
 .PHONY: help venv build-wheel test test-unit test-engine test-upstream test-upstream-ci test-releases lint apply \
-        fetch edit export check-overlay status publish rebase outlook track bench bench-engine \
+        fetch edit export check-overlay status publish rebase outlook track bench bench-engine bench-connector \
         bench-coldstart clean
 
 help:
@@ -39,6 +39,7 @@ help:
 	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
 	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"
 	@echo "make bench-engine   engine start and extraction tokens/s: ours against the wheel without our changes"
+	@echo "make bench-connector the connector's per-request cost, ours against without our changes, in one process"
 	@echo "make bench-coldstart [BENCH_ARGS=--phases=…]  cold start on a fresh clone: pip vs uv"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -148,6 +149,10 @@ bench: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(VENV)/bin/python bench/bench_engine.py $(BENCH_ARGS)
+
+# The connector's own per-request cost, three versions of it in one process (see --help).
+bench-connector: $(STAMP)
+	$(VENV)/bin/python bench/bench_connector.py $(BENCH_ARGS)
 
 # Fresh clone, empty caches, pip beside uv; minutes per phase (see --help for --phases).
 bench-coldstart: $(STAMP)
