@@ -118,7 +118,7 @@ _HELD_AFTER_INIT = textwrap.dedent(
 @needs_fix
 @pytest.mark.skipif(
     not (sys.platform.startswith("linux") and torch.cpu._is_amx_tile_supported()),
-    reason="needs a Linux machine with AMX",
+    reason="this machine has no AMX tiles (needs Linux on a CPU with AMX)",
 )
 def test_the_worker_process_holds_the_amx_permission():
     import json
