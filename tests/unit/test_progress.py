@@ -100,18 +100,23 @@ def test_the_log_holds_the_first_lines_while_the_child_runs(tmp_path, child):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_stops_the_child_and_keeps_the_log(tmp_path, child, sig):
     log, go = tmp_path / "child.log", tmp_path / "go-never-made"
-    runner = subprocess.Popen(
-        [sys.executable, "-c", RUNNER, child, go, log],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    # The runner's stderr goes to a file: a pipe nobody drains while the test waits for the
+    # log would fill with its "still running" lines and stall it.
+    err_file = tmp_path / "runner.err"
+    with open(err_file, "w") as err_out:
+        runner = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, child, go, log],
+            stdout=subprocess.DEVNULL, stderr=err_out, text=True,
+        )  # fmt: skip
     try:
         seen = wait_for(log, "pid ")
         pid = int(seen.split("pid ")[1].split()[0])
         runner.send_signal(sig)
-        _, err = runner.communicate(timeout=60)
+        runner.wait(timeout=600)  # a guard against a hang only: the stop takes <= 3 graces
     finally:
         if runner.poll() is None:
             runner.kill()
+    err = err_file.read_text()
     assert runner.returncode == 130, err
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the child is gone (stopped and reaped)

@@ -1,6 +1,6 @@
 """The suite's split across machines (testing/shards.py): K/N, the files of a selection, a
 deterministic split balanced by durations, and a merge that refuses shards of another split.
-Shards really run and merge in tests/integration/test_suite_shards.py."""
+Shards really run and merge in tests/integration/test_suite_shard_runs.py."""
 
 from __future__ import annotations
 

@@ -290,8 +290,9 @@ def test_stop_at_the_first_conflicting_release_then_continue(make_proj):
     assert rep["status"] == "complete" and rep["resolved"] == [CID]
     # The walk goes on from the stop, saying each release and verdict from there.
     assert [ln.split(": merges")[0] for ln in walk_lines(res.err)] == [
-        f"  {CID}: resolved: resolved by a person at this release", "vllm 1.2.0 (3/3)",
-        f"  {CID}: kept"]  # fmt: skip
+        f"  {CID}: resolved: resolved by a person at this release; "
+        "tests/v1/kv_connector/unit/test_hidden_states_connector.py: 1 passed on vllm 1.1.0 "
+        "with it", "vllm 1.2.0 (3/3)", f"  {CID}: kept"]  # fmt: skip
     [change] = [c for c in rep["changes"] if c["id"] == CID]
     assert change["releases"] == {"1.0.1": "kept", "1.1.0": "resolved", "1.2.0": "kept"}
     patch = p.change_file(CONNECTOR + ".patch").read_text()
