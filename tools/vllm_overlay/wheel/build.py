@@ -242,6 +242,8 @@ def _cpu_build(p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Pat
             f"preflight for {p.target.variant} from source failed; nothing was built:\n"
             + "\n".join(f"  - {x}" for x in problems)
         )
+    if shutil.which("ccache", path=cmd.env["PATH"]) is None:
+        info("note: ccache is not on the build environment's PATH: compiling without a cache")
     ensure_source(p.cpu.onednn)
     onednn = cpusource.unpack_onednn(root, p.cpu.onednn)
     tree = build_tree(p, opts)
@@ -361,7 +363,9 @@ def cpu_dry_run_lines(p: BuildPlan, opts: BuildOptions) -> list[str]:
     tree = tree_path(p)
     cmd = setup_command(p, opts, tree, p.project.work_dir / "build" / "tmp-XXXXXXXX" / "setup-dist")
     lines += ["", "# the environment and command:", cmd.render(), ""]
-    problems = cpu_preflight(p, cmd, probe_env=opts.build_env is None)
+    # the interpreter itself (the build root's env link is made when the build runs)
+    problems = cpu_preflight(p, dataclasses.replace(cmd, python=opts.python),
+                             probe_env=opts.build_env is None)  # fmt: skip
     lines.append("preflight: ok" if not problems else "preflight problems:")
     return lines + [f"  - {x}" for x in problems]
 

