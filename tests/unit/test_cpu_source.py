@@ -411,3 +411,42 @@ def test_a_missing_onednn_source_is_refused_naming_how_to_get_it(cpu_project, cl
     assert "oneDNN's source is not cached; fetch it with a `deb-src <Debian archive> trixie main` line" in res.err  # fmt: skip
     assert "no C++ compiler" in res.err and "Traceback" not in res.err
     assert not (tmp_path / "dist").exists()
+
+
+# -- where the inputs come from, what the cache holds -----------------------------------------
+
+
+def test_the_debian_archive_is_the_one_this_machines_apt_uses(tmp_path):
+    from vllm_overlay.pin.debian import archive_uri
+
+    d = tmp_path / "sources.list.d"
+    d.mkdir()
+    (d / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.invalid/debian-security\nSuites: bookworm-security\n\n"
+        "Types: deb\nURIs: http://mirror.invalid/debian/\nSuites: bookworm\n"
+    )
+    assert archive_uri((d,)) == "http://mirror.invalid/debian"
+    one = tmp_path / "sources.list"
+    one.write_text("# comment\ndeb [arch=amd64] http://other.invalid/debian bookworm main\n")
+    assert archive_uri((tmp_path / "none.d", one)) == "http://other.invalid/debian"
+    assert archive_uri((tmp_path / "none.d",)) is None
+
+
+def test_the_build_environment_and_the_compiler_cache_are_cache_kinds_of_their_own():
+    import json
+
+    from vllm_overlay.envs import buildenv, cache, envbuild
+    from vllm_overlay.util import cache_dir
+
+    env = cache_dir() / "testenv" / "0123456789abcdef"
+    (env / envbuild.VENV / "bin").mkdir(parents=True)
+    (env / envbuild.VENV / "bin" / "python").write_text("")
+    rec = buildenv.BuildRecipe(buildenv.KIND, buildenv.FORMAT, "3.11",
+                               "constraints/build-vllm-cpu-1.0.0.txt", "torch\n")  # fmt: skip
+    (env / envbuild.RECIPE).write_text(rec.to_json())
+    (env / envbuild.MARKER).write_text(json.dumps({"recipe_hash": "0123456789abcdef"}))
+    objects = cache_dir() / "ccache" / "x86_64-gcc-12.2.0"
+    objects.mkdir(parents=True)
+    (objects / "ccache.conf").write_text("")
+    got = {(e.kind, e.path.name, e.unused) for e in cache.inventory(("build-env", "ccache"))}
+    assert got == {("build-env", env.name, False), ("ccache", "x86_64-gcc-12.2.0", False)}
