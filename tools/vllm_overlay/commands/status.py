@@ -77,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
         "upstream": u.as_dict(),
         "artifacts": [a.__dict__ for a in lock.artifacts],
         "variants": {v: lock.platforms(v) for v in lock.variants()},
+        "built_from_source": {
+            v: sorted(s.machine for s in lock.sources if s.project == v)
+            for v in sorted({s.project for s in lock.sources})
+        },
         "changes": [
             {
                 "id": c.id,
@@ -104,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     for a in lock.artifacts:
         print(f"  {a.kind:5} {a.filename}  sha256 {a.sha256[:16]}…  {a.size} bytes")
     print(f"variants: {lock.variants_line()}")
+    if lock.sources:
+        print(f"built from source here: {lock.source_line()}")
     print(f"changes: {len(overlay.changes)} (applied in this order)")
     for n, c in enumerate(data["changes"], 1):
         print(f"  {n}. {c['id']}: {c['title']}")

@@ -11,12 +11,15 @@ artifacts      ``artifacts/sha256/<sha256>/`` (a release file)  ``locks/<sha256>
 trees          ``trees/sdist-<sha256>.git``, ``git-<sha>.git``  ``locks/tree-<sha256|sha>.lock``
 test-env,      ``testenv/<recipe hash>/`` (told apart by its    ``testenv/locks/<hash>.lock``: shared
 engine-env,    recipe)                                          by every process using it
-client-env                                                      (``envbuild.hold``)
+client-env,                                                     (``envbuild.hold``)
+build-env
 models         ``engine-models/<key>/``                         ``engine-models/<key>.lock``
 outlook        ``outlook/{results,runs,members}/*``            none: written atomically, read whole
 member-hashes  ``member-hashes/<sha256>.json``                  none: likewise
 baselines      ``suite-baselines/<key>.json``                   none: likewise
 uv             ``uv/`` (uv's own cache, one entry)              ``uv/.lock``, uv's own
+ccache         ``ccache/<machine>-<compiler>/`` (the CPU        none: ccache's own files, each written
+               source build's compiler cache)                   atomically
 =============  ==============================================  ======================================
 
 An entry's last use is its modification time; the tool touches an entry when it uses it
@@ -68,8 +71,10 @@ KINDS = (
     "member-hashes",
     "baselines",
     "uv",
+    "build-env",
+    "ccache",
 )
-ENV_KINDS = ("test-env", "engine-env", "client-env")
+ENV_KINDS = ("test-env", "engine-env", "client-env", "build-env")
 _max_size: int | None = None  # --cache-max-size of this invocation; None: env or no cap
 
 
@@ -207,6 +212,8 @@ def _env_entry(path: Path) -> Entry:
         kind, what = "engine-env", recipe["wheel"]
     elif "requirement" in recipe:
         kind, what = "client-env", recipe["requirement"]
+    elif recipe.get("kind") == layout.BUILD_KIND:
+        kind, what = "build-env", recipe.get("constraints_file", "?")
     else:
         kind = "test-env"
         what = recipe.get("upstream") or "a tree without a release"
@@ -263,6 +270,8 @@ def inventory(kinds: Iterable[str] = KINDS, *, sizes: bool = True) -> Entries:
         entries += _glob_entries("member-hashes", "member-hashes/*", lambda p: None)
     if "baselines" in kinds:
         entries += _glob_entries("baselines", "suite-baselines/*", lambda p: None)
+    if "ccache" in kinds:
+        entries += _glob_entries("ccache", "ccache/*", lambda p: None)
     if "uv" in kinds and (root / "uv").is_dir():
         entries.append(Entry("uv", root / "uv", root / "uv" / ".lock", why="uv's own cache"))
     for e in entries:

@@ -24,7 +24,10 @@ FORMATS = {
     "test-env": 2,  # 2: built with uv where installed; pinned by constraints/
     "engine-env": 1,
     "client-env": 1,
+    "build-env": 1,  # vllm-cpu's source build (envs/buildenv.py)
 }
+# The build environment's recipe says its kind (the other kinds are told apart by their keys).
+BUILD_KIND = "cpu-build"
 
 
 def root() -> Path:

