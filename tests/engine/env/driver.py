@@ -105,9 +105,6 @@ def run(spec: dict, result: dict) -> None:
     del llm
     gc.collect()
     result["shutdown_seconds"] = round(time.monotonic() - t0, 1)
-    # Which model runner and proposer ran, as the probe read them in the worker.
-    ran = Path(spec["probe"]) / "runner.json" if spec.get("probe") else None
-    result["ran"] = json.loads(ran.read_text()) if ran and ran.is_file() else None
     if spec.get("check", True):
         check(spec, result, saved)
 

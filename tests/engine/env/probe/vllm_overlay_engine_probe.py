@@ -23,8 +23,8 @@ whose ``propose_draft_token_ids`` calls ``ExtractHiddenStatesProposer.propose``)
 Runner V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and its CPU subclass, whose
 ``sample_tokens`` calls ``ExtractHiddenStatesSpeculator.propose``; V2's modules are imported
 only where vLLM found Triton, which V2 needs). The first proposal with a request in it also
-writes ``<dir>/runner.json``: the classes of the model runner and of the proposer that ran,
-read from the worker's objects, not from a setting.
+writes ``VO_RAN_FILE`` (when set, with or without ``VO_PROBE_DIR``): the classes of the model
+runner and of the proposer that ran, read from the worker's objects, not from a setting.
 """
 
 from __future__ import annotations
@@ -33,16 +33,18 @@ import os
 import threading
 
 _current = threading.local()
-_ran = {"written": False}  # runner.json, once per process
+_ran: dict = {"written": False, "file": None}  # VO_RAN_FILE, written once per process
 
 
 def register() -> None:
     if os.environ.get("VO_PAUSE_ON"):
         _pause_on(os.environ["VO_PAUSE_ON"], os.environ["VO_PAUSE_FILE"])
     out = os.environ.get("VO_PROBE_DIR")
-    if not out:
+    _ran["file"] = os.environ.get("VO_RAN_FILE")
+    if not (out or _ran["file"]):
         return
-    os.makedirs(out, exist_ok=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
     _probe_v1(out)
     from vllm.triton_utils import HAS_TRITON
 
@@ -179,12 +181,15 @@ def _record(out, runner, proposer, req_ids, qsl, seq_lens, num_reqs, hidden_stat
     import torch
     from safetensors.torch import save_file
 
-    if not _ran["written"]:
+    if _ran["file"] and not _ran["written"]:
         ran = {"model_runner": _name(runner), "proposer": _name(proposer)}
-        with open(os.path.join(out, ".runner.json.tmp"), "w") as f:
+        tmp = f"{_ran['file']}.tmp"
+        with open(tmp, "w") as f:
             json.dump(ran, f)
-        os.replace(os.path.join(out, ".runner.json.tmp"), os.path.join(out, "runner.json"))
+        os.replace(tmp, _ran["file"])
         _ran["written"] = True
+    if not out:
+        return
     stacked = torch.stack(list(hidden_states), dim=1).cpu()
     for i in range(num_reqs):
         lo, hi = qsl[i], qsl[i + 1]
