@@ -17,10 +17,20 @@ def assert_layers_right(checks: dict, where: str, tolerance: float = TOLERANCE) 
         assert layer["right_rows"] == layer["rows"], f"{at}: {layer}"
 
 
+def assert_ran(session) -> None:
+    """The session ran the model runner and proposer it is named for, as the probe read their
+    classes in the worker (not the setting that asked for them)."""
+    assert session.ran == session.expected_ran, (
+        f"{session.name}: the worker ran {session.ran}, not {session.expected_ran}; see "
+        f"{session.dir / 'engine.log'}"
+    )
+
+
 def assert_right(session, case: str, tolerance: float = TOLERANCE, proposer: bool = True) -> None:
-    """Every request of ``case``: the file holds its token ids and, per extracted layer, no
-    zero or NaN row, each row within ``tolerance`` of the reference and (``proposer``) equal
-    to the proposer's."""
+    """The session's runner (``assert_ran``), and every request of ``case``: the file holds its
+    token ids and, per extracted layer, no zero or NaN row, each row within ``tolerance`` of
+    the reference and (``proposer``) equal to the proposer's."""
+    assert_ran(session)
     requests = session.requests(case)
     assert requests, f"{session.name}: case {case} saved nothing"
     for r in requests:

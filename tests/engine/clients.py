@@ -403,18 +403,23 @@ SERVER_SESSIONS = {
     "ours-serve": ("ours", "qwen3next", ("speculators", "probes", "storm")),
     "without-serve": ("without", "qwen3next", ("speculators", "probes-non-fatal", "storm")),
 }
+# The model runners each server runs on (harness.RUNNERS; see sessions.RUNNERS_OF): our
+# wheel on both (CUDA users run V2, CPU users V1: the connector's hooks differ), upstream's
+# findings on V2.
+SERVER_RUNNERS = {"ours-serve": ("v2", "v1"), "without-serve": ("v2",)}
 
 
-def run_server_session(shared: Path, name: str, wheels: dict, models: dict, client,
-                       prepared: dict) -> dict:  # fmt: skip
-    """Run the server session ``name`` once per pytest run, with its wheel of ``wheels``
-    and its model of ``models`` (``prepared``: speculators' data, from
-    prepare_speculators_data); its result."""
+def run_server_session(shared: Path, name: str, runner: str, wheels: dict, models: dict,
+                       client, prepared: dict) -> dict:  # fmt: skip
+    """Run the server session ``name`` on the model runner ``runner`` once per pytest run,
+    with its wheel of ``wheels`` and its model of ``models`` (``prepared``: speculators' data,
+    from prepare_speculators_data); its result."""
     from vllm_overlay import util
 
     wheel_kind, model_name, parts = SERVER_SESSIONS[name]
-    wheel = wheels[wheel_kind]
-    where = shared / "servers" / name
+    assert runner in SERVER_RUNNERS[name], f"{name} does not run on {runner}"
+    wheel = wheels[f"{wheel_kind}-{runner}"]
+    where = shared / "servers" / f"{name}-{runner}"
     with util.exclusive_lock(where.with_suffix(".lock"), f"server session {name}",
                              timeout=harness.SESSION_TIMEOUT):  # fmt: skip
         result_file = where / "result.json"
@@ -423,11 +428,13 @@ def run_server_session(shared: Path, name: str, wheels: dict, models: dict, clie
         shutil.rmtree(where, ignore_errors=True)
         where.mkdir(parents=True)
         model = models[model_name]
-        result: dict = {"wheel": wheel.kind, "start_error": None}
+        result: dict = {"wheel": wheel.kind, "runner": runner, "start_error": None,
+                        "expected_ran": wheel.env.ran}  # fmt: skip
+        env_vars = {**storm_environ(where), "VO_RAN_FILE": str(where / "ran.json")}
         t0 = time.monotonic()
         try:
             with server.serving(wheel.env, model, where, layers=LAYERS, engine=SERVE_ENGINE,
-                                env_vars=storm_environ(where)) as srv:  # fmt: skip
+                                env_vars=env_vars) as srv:  # fmt: skip
                 result["start_seconds"] = srv.start_seconds
                 result["served_version"] = srv.request("GET", "/version", timeout=60).body
                 for part in parts:
@@ -448,6 +455,7 @@ def run_server_session(shared: Path, name: str, wheels: dict, models: dict, clie
         # The server is stopped: its CPU is the check's.
         check({part: result[part] for part in parts if part in result}, wheel.env, model, where)
         result["seconds"] = round(time.monotonic() - t0, 1)
+        result["ran"] = harness.read_ran(where / "ran.json")
         tmp = result_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=2, sort_keys=True))
         tmp.replace(result_file)

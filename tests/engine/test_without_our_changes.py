@@ -23,44 +23,58 @@ from __future__ import annotations
 
 import pytest
 from engine.checks import assert_generated, assert_layers_right, assert_right
+from engine.clients import SERVER_RUNNERS
+from engine.sessions import RUNNERS_OF
 
 
+def on(name: str):
+    """Parametrize a test over the model runners of session ``name``."""
+    runners = SERVER_RUNNERS[name] if name.endswith("-serve") else RUNNERS_OF[name]
+    return pytest.mark.parametrize("runner", runners)
+
+
+@on("without-hybrid")
 @pytest.mark.parametrize("case", ["batch", "long"])
-def test_hybrid_extraction_is_right(engine_session, case):
+def test_hybrid_extraction_is_right(engine_session, runner, case):
     """vllm#46301 (the hidden-states group's block size on a hybrid verifier) is in 0.32.0:
     every row right, as on our wheel."""
-    assert_right(engine_session("without-hybrid"), case)
+    assert_right(engine_session("without-hybrid", runner), case)
 
 
+@on("without-hybrid-prefix-caching")
 @pytest.mark.parametrize("case", ["batch", "long", "tail", "repeat"])
-def test_prefix_caching_starts_and_every_token_has_its_row(engine_session, case):
+def test_prefix_caching_starts_and_every_token_has_its_row(engine_session, runner, case):
     """vllm#51108 is in 0.32.0 (the engine starts with prefix caching on a hybrid model), and
     vllm#44485 does not reproduce: one right row per token id, the cached prefix's too."""
-    s = engine_session("without-hybrid-prefix-caching")
+    s = engine_session("without-hybrid-prefix-caching", runner)
     assert s.result["start_error"] is None, s.result["start_error"]
     assert_right(s, case)
 
 
-def test_a_repeated_prompt_has_every_row_without_our_changes(engine_session):
+@on("without-hybrid-prefix-caching")
+def test_a_repeated_prompt_has_every_row_without_our_changes(engine_session, runner):
     """vllm#44485's case: the second request of a prompt reads its prefix from the cache."""
-    s = engine_session("without-hybrid-prefix-caching")
+    s = engine_session("without-hybrid-prefix-caching", runner)
     (again,) = s.requests("repeat")
     assert again["num_cached_tokens"] >= 256, again
     for layer in again["checks"]["layers"]:
         assert layer["rows"] == len(again["prompt"]) == layer["right_rows"], layer
 
 
-def test_generated_tokens_are_the_models_greedy_choice(engine_session):
-    """vllm#56417, #56442 do not reproduce on 0.32.0's CPU backend with extraction on."""
-    s = engine_session("without-hybrid")
+@on("without-hybrid")
+def test_generated_tokens_are_the_models_greedy_choice(engine_session, runner):
+    """vllm#56417, #56442 do not reproduce on 0.32.0's CPU backend with extraction on, on
+    either runner (V1's proposer is the one the reports read column 0 of)."""
+    s = engine_session("without-hybrid", runner)
     assert_right(s, "decode")
     assert_generated(s, "decode")
 
 
-def test_an_aborted_waiting_request_leaves_the_engine_working(engine_session):
+@on("without-hybrid")
+def test_an_aborted_waiting_request_leaves_the_engine_working(engine_session, runner):
     """vllm#56841 (request_finished of a request that never ran raised KeyError) is in
     0.32.0: the engine survives and extracts correctly afterwards."""
-    s = engine_session("without-hybrid")
+    s = engine_session("without-hybrid", runner)
     assert s.result["died"] is None, s.result["died"]
     assert "KeyError" not in s.log
     assert_right(s, "abort")
@@ -69,20 +83,22 @@ def test_an_aborted_waiting_request_leaves_the_engine_working(engine_session):
 # -- vllm serve and its clients (clients.py) ------------------------------------------------
 
 
-def test_speculators_files_are_right(server_session):
+@on("without-serve")
+def test_speculators_files_are_right(server_session, runner):
     """speculators' pipeline against upstream 0.32.0: right rows (speculators#613's zeros
     came from vllm#46301, which 0.32.0 has)."""
-    spec = server_session("without-serve")["speculators"]
+    spec = server_session("without-serve", runner)["speculators"]
     assert spec["files"], spec["generate"]["log_tail"]
     for name, checks in spec["checks"].items():
         assert_layers_right(checks, f"speculators file {name}")
 
 
-def test_a_client_chosen_request_id_writes_outside_the_storage(server_session):
+@on("without-serve")
+def test_a_client_chosen_request_id_writes_outside_the_storage(server_session, runner):
     """Without hidden-states-connector-confined-paths the X-Request-Id header (or the body's
     request_id) names directories: `x/../../escaped` leaves the storage directory, and so
     does `link/planted` through a symlinked directory in it."""
-    probes = server_session("without-serve")["probes-non-fatal"]
+    probes = server_session("without-serve", runner)["probes-non-fatal"]
     for name in ("header-dot-dot", "body-request-id-dot-dot", "header-symlinked-dir"):
         assert not probes["probes"][name]["in_storage"], (name, probes["probes"][name])
     assert any(p.startswith("escaped-header") for p in probes["outside_storage"]), probes
@@ -96,15 +112,18 @@ def test_a_client_chosen_request_id_writes_outside_the_storage(server_session):
     reason="without hidden-states-connector-aborted-leave-no-files a request aborted once "
     "scheduled still has its (partial) hidden states saved, to a path no client receives",
 )
-def test_aborts_under_load_leave_no_files(server_session):
-    storm = server_session("without-serve")["storm"]
+@on("without-serve")
+def test_aborts_under_load_leave_no_files(server_session, runner):
+    storm = server_session("without-serve", runner)["storm"]
     assert storm["storage_after_reading"] == [], storm["storage_after_reading"]
 
 
-def test_aborts_under_load_leave_files_behind(server_session):
+@on("without-serve")
+def test_aborts_under_load_leave_files_behind(server_session, runner):
     """vllm#56841 is in 0.32.0: the server survives the storm. But every request aborted
     once scheduled leaves a file (or its lock) in the storage that no client will read."""
-    r = server_session("without-serve")
+    r = server_session("without-serve", runner)
+    assert r["ran"] == r["expected_ran"], r
     storm = r["storm"]
     assert storm["paused"], storm
     assert storm["healthy_after"], storm["outcomes"]

@@ -239,3 +239,30 @@ def test_add_change_writes_upstream_tests_after_tests():
     assert parse(out).changes[1].upstream_tests == ("tests/v1/test_two.py",)
     out = history.add_change(GOOD, {**fields, "upstream_tests": []})
     assert "upstream_tests" not in out  # none: the key is left out
+
+
+# ---- runners: which of vLLM's model runners a change serves --------------------------------
+
+
+def test_runners_are_optional_and_parsed():
+    (c,) = parse(GOOD).changes
+    assert c.runners == ()
+    (c,) = parse(GOOD + 'runners = ["v1"]\n').changes
+    assert c.runners == ("v1",)
+    (c,) = parse(GOOD + 'runners = ["v1", "v2"]\n').changes
+    assert c.runners == ("v1", "v2")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('"v1"', "`runners`: expected a list of strings"),
+        ("[]", "`runners` must list the model runners"),
+        ('["v3"]', "`runners` must list the model runners"),
+        ('["v1", "v1"]', "`runners` must list the model runners"),
+    ],
+)
+def test_bad_runners_point_at_the_key(value, message):
+    with pytest.raises(OverlayConfigError) as e:
+        parse(GOOD + f"runners = {value}\n")
+    assert message in str(e.value) and "change 'fix-one'" in str(e.value)

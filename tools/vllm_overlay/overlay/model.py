@@ -22,8 +22,13 @@ _REQUIRED = ("id", "title", "why", "origin", "upstream_status", "files", "tests"
 # tests (upstream paths under tests/, or path::node) that its origin pull request added or changed.
 _OPTIONAL = (
     "drop_when", "drop_condition", "origin_kind", "bugs", "supersedes", "authors", "notes",
-    "upstream_tests",
+    "upstream_tests", "runners",
 )  # fmt: skip
+# vLLM's model runners a change serves (``runners``): "v1" (gpu_model_runner.py and
+# cpu_model_runner.py, deleted in 0.34.0) and "v2" (vllm/v1/worker/gpu/, and its CPU subclass).
+# A change that serves only "v1" goes with V1; one that touches neither runner's code serves
+# both.
+RUNNERS = ("v1", "v2")
 _HISTORY_KEYS = ("id", "title", "origin", "dropped_in", "reason", "proof")
 
 
@@ -47,6 +52,8 @@ class Change:
     # what its origin pull request added or changed there. They run on the pristine release
     # that drops the change, with the change's own `tests`, as part of the proof.
     upstream_tests: tuple[str, ...] = ()
+    # The model runners the change serves (RUNNERS); () where overlay.toml does not say.
+    runners: tuple[str, ...] = ()
 
     @property
     def drop_rule(self) -> str:
@@ -176,6 +183,18 @@ def check_upstream_tests(val: object, where: str) -> tuple[str, ...]:
     return tests
 
 
+def check_runners(val: object, where: str) -> tuple[str, ...]:
+    """``runners``: a non-empty list of RUNNERS, each once."""
+    runners = _str_list(val, f"{where}: `runners`")
+    bad = [r for r in runners if r not in RUNNERS]
+    if not runners or bad or len(set(runners)) != len(runners):
+        raise OverlayConfigError(
+            f"{where}: `runners` must list the model runners the change serves, each once, "
+            f'from {list(RUNNERS)} (e.g. ["v1"] for a change to V1\'s code only), got {val!r}.'
+        )
+    return runners
+
+
 def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
     src = f"{overlay_dir / CONFIG_NAME}"
     try:
@@ -268,6 +287,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 notes=tbl.get("notes", ""),
                 drop_condition=tbl.get("drop_condition", ""),
                 upstream_tests=upstream_tests,
+                runners=check_runners(tbl["runners"], where) if "runners" in tbl else (),
             )
         )
     history = data.get("dropped", [])

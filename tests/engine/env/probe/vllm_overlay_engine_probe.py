@@ -17,6 +17,14 @@ Only tensor-parallel rank 0 records (rank 0 is the one that writes the files).
 The request ids and the first position of each chunk come from the model runner that calls
 the proposer: its input batch order matches the rows, and ``seq_lens - query length`` is
 the number of tokens computed before the chunk.
+
+Both of vLLM 0.32.0's model runners are probed: V1 (``GPUModelRunner`` and its CPU subclass,
+whose ``propose_draft_token_ids`` calls ``ExtractHiddenStatesProposer.propose``) and Model
+Runner V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and its CPU subclass, whose
+``sample_tokens`` calls ``ExtractHiddenStatesSpeculator.propose``; V2's modules are imported
+only where vLLM found Triton, which V2 needs). The first proposal with a request in it also
+writes ``VO_RAN_FILE`` (when set, with or without ``VO_PROBE_DIR``): the classes of the model
+runner and of the proposer that ran, read from the worker's objects, not from a setting.
 """
 
 from __future__ import annotations
@@ -25,29 +33,46 @@ import os
 import threading
 
 _current = threading.local()
+_ran: dict = {"written": False, "file": None}  # VO_RAN_FILE, written once per process
 
 
 def register() -> None:
     if os.environ.get("VO_PAUSE_ON"):
         _pause_on(os.environ["VO_PAUSE_ON"], os.environ["VO_PAUSE_FILE"])
     out = os.environ.get("VO_PROBE_DIR")
-    if not out:
+    _ran["file"] = os.environ.get("VO_RAN_FILE")
+    if not (out or _ran["file"]):
         return
+    if out:
+        os.makedirs(out, exist_ok=True)
+    _probe_v1(out)
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:
+        _probe_v2(out)
+
+
+def _within(runner_cls, method: str) -> None:
+    """Make ``runner_cls.method`` the current runner while it runs (the proposer's caller)."""
+    inner = getattr(runner_cls, method)
+
+    def wrapped(self, *args, **kwargs):
+        _current.runner = self
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            _current.runner = None
+
+    setattr(runner_cls, method, wrapped)
+
+
+def _probe_v1(out: str) -> None:
     from vllm.v1.spec_decode.extract_hidden_states import ExtractHiddenStatesProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if getattr(ExtractHiddenStatesProposer, "_vo_probe", False):
         return
-    os.makedirs(out, exist_ok=True)
-    draft = GPUModelRunner.propose_draft_token_ids
     propose = ExtractHiddenStatesProposer.propose
-
-    def propose_draft_token_ids(self, *args, **kwargs):
-        _current.runner = self
-        try:
-            return draft(self, *args, **kwargs)
-        finally:
-            _current.runner = None
 
     def probed_propose(
         self,
@@ -58,7 +83,12 @@ def register() -> None:
         *args,
         **kwargs,
     ):
-        _record(out, getattr(_current, "runner", None), target_hidden_states, common_attn_metadata)
+        runner = getattr(_current, "runner", None)
+        if _recording(runner):
+            qsl = common_attn_metadata.query_start_loc_cpu.tolist()
+            seq_lens = common_attn_metadata.seq_lens.cpu().tolist()
+            _record(out, runner, self, runner.input_batch.req_ids, qsl, seq_lens,
+                    common_attn_metadata.num_reqs, target_hidden_states)  # fmt: skip
         return propose(
             self,
             num_speculative_tokens,
@@ -69,9 +99,35 @@ def register() -> None:
             **kwargs,
         )
 
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+    _within(GPUModelRunner, "propose_draft_token_ids")
     ExtractHiddenStatesProposer.propose = probed_propose
     ExtractHiddenStatesProposer._vo_probe = True
+
+
+def _probe_v2(out: str) -> None:
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.spec_decode.extract_hidden_states import (
+        ExtractHiddenStatesSpeculator,
+    )
+
+    if getattr(ExtractHiddenStatesSpeculator, "_vo_probe", False):
+        return
+    propose = ExtractHiddenStatesSpeculator.propose
+
+    def probed_propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
+                       aux_hidden_states, *args, **kwargs):  # fmt: skip
+        runner = getattr(_current, "runner", None)
+        if _recording(runner) and aux_hidden_states is not None:
+            n = input_batch.num_reqs
+            qsl = input_batch.query_start_loc_np[: n + 1].tolist()
+            seq_lens = input_batch.seq_lens[:n].cpu().tolist()
+            _record(out, runner, self, input_batch.req_ids, qsl, seq_lens, n, aux_hidden_states)
+        return propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
+                       aux_hidden_states, *args, **kwargs)  # fmt: skip
+
+    _within(GPUModelRunner, "sample_tokens")
+    ExtractHiddenStatesSpeculator.propose = probed_propose
+    ExtractHiddenStatesSpeculator._vo_probe = True
 
 
 def _pause_on(stem: str, path: str) -> None:
@@ -107,18 +163,35 @@ def _pause_on(stem: str, path: str) -> None:
     Scheduler._vo_pause = True
 
 
-def _record(out, runner, target_hidden_states, metadata) -> None:
-    import torch
-    from safetensors.torch import save_file
+def _recording(runner) -> bool:
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-    if runner is None or get_tensor_model_parallel_rank() != 0:
+    # Proposals outside a model runner's step (its dummy runs) hold no request.
+    return runner is not None and get_tensor_model_parallel_rank() == 0
+
+
+def _name(obj) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _record(out, runner, proposer, req_ids, qsl, seq_lens, num_reqs, hidden_states) -> None:
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    if _ran["file"] and not _ran["written"]:
+        ran = {"model_runner": _name(runner), "proposer": _name(proposer)}
+        tmp = f"{_ran['file']}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(ran, f)
+        os.replace(tmp, _ran["file"])
+        _ran["written"] = True
+    if not out:
         return
-    stacked = torch.stack(target_hidden_states, dim=1).cpu()
-    qsl = metadata.query_start_loc_cpu.tolist()
-    seq_lens = metadata.seq_lens.cpu().tolist()
-    req_ids = runner.input_batch.req_ids
-    for i in range(metadata.num_reqs):
+    stacked = torch.stack(list(hidden_states), dim=1).cpu()
+    for i in range(num_reqs):
         lo, hi = qsl[i], qsl[i + 1]
         if hi <= lo:
             continue
