@@ -181,7 +181,7 @@ def cpu_preflight(p: BuildPlan, cmd: SetupCommand, *, probe_env: bool = True) ->
     """The CPU source build's preflight (``cpusource.preflight``); ``probe_env``: ask the
     build environment's interpreter about torch (a dry run before it exists does not)."""
     assert p.cpu is not None
-    reqs = cpusource.cpu_build_requirements(p.tree_text(cpusource.BUILD_REQUIREMENTS))
+    reqs = build_requirements(p.tree_text(cpusource.BUILD_REQUIREMENTS))
     env = cmd.environment()
     torch_version = torch_cuda = None
     if probe_env:

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import BuildError
@@ -366,22 +366,6 @@ def preflight(
                 f"{torch_req} ({BUILD_REQUIREMENTS}); its constraints file should pin it."
             )
     return problems
-
-
-def cpu_build_requirements(text: str | None) -> list[Requirement]:
-    """requirements/build/cpu.txt's requirements for this machine."""
-    out = []
-    for line in (text or "").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):
-            continue
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if req.marker is None or req.marker.evaluate():
-            out.append(req)
-    return out
 
 
 # -- the result ------------------------------------------------------------------------------

@@ -243,7 +243,8 @@ def probe_python(python: str, packages: Sequence[str]) -> Probe:
 
 
 def build_requirements(text: str | None) -> list[Requirement]:
-    """The Python build requirements of the tree (requirements/build/cuda.txt)."""
+    """The Python build requirements of the tree (requirements/build/cuda.txt, or cpu.txt for
+    our own CPU build) that apply to this machine."""
     reqs = []
     for line in (text or "").splitlines():
         line = line.split("#", 1)[0].strip()
