@@ -256,6 +256,14 @@ def _cpu_build(p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Pat
     log = p.project.work_dir / "build" / "logs" / cpusource.LOG
     built = run_setup(cmd, log)
     cpusource.check_cpu_built(built, version=p.version)
+    return _finish_built(p, opts, built, out_dir)
+
+
+def _finish_built(
+    p: BuildPlan, opts: BuildOptions, built: Path, out_dir: Path, tags: str | None = None
+) -> Path:
+    """setup.py's wheel written out as ours: our version, provenance and (where an official
+    wheel is the reference) its tags, through the one reproducible writer."""
     return repack(
         RepackInput(
             official=built,
@@ -263,6 +271,7 @@ def _cpu_build(p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Pat
             replace={},
             version_py=p.lock.upstream.version if opts.keep_release_version else None,
             provenance=render(p.provenance),
+            tags=tags,
         ),
         out_dir,
     )
@@ -298,18 +307,7 @@ def _setup_build(
         compare_requirements=not _touches_requirements(p),
     )
     tags = parse_name(p.official.filename).tags if official_path and p.official else None
-    final = repack(
-        RepackInput(
-            official=built,
-            version=p.version,
-            replace={},
-            version_py=p.lock.upstream.version if opts.keep_release_version else None,
-            provenance=render(p.provenance),
-            tags=tags,
-        ),
-        out_dir,
-    )
-    return official_path, final
+    return official_path, _finish_built(p, opts, built, out_dir, tags)
 
 
 # -- the build -----------------------------------------------------------------------------
