@@ -40,8 +40,10 @@ CHILD = textwrap.dedent("""\
 # The tool's side, in a process of its own: util.run streaming the child into a log, under
 # main's handling of Ctrl-C (exit 130).
 RUNNER = textwrap.dedent("""\
-    import sys
+    import signal, sys
     from vllm_overlay import util
+    # as at a terminal: pytest-xdist's workers start children with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     child, go, log = sys.argv[1:4]
     try:
         util.run(sys.executable, child, go, log=log, what="the child", interval=0)
