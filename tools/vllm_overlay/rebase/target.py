@@ -5,8 +5,8 @@ later)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
