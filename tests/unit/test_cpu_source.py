@@ -32,6 +32,7 @@ from vllm_overlay.pin.lockfile import (
 from vllm_overlay.pin.sources import ONEDNN, source_problems
 from vllm_overlay.wheel.cpusource import (
     GCC_EDIT,
+    ICE_EDIT,
     CpuBuild,
     edit_tree,
     gnu_version,
@@ -151,14 +152,33 @@ def test_vllm_cpu_is_built_from_source_on_request_or_where_the_lock_pins_it():
 # -- the tree, preflight ---------------------------------------------------------------------
 
 
+# The two function-local constants of vLLM 0.32.0's flash_mla.cpp (the first one sizes the
+# arrays of a lambda in a function template: GCC 12.2's internal compiler error).
+FLASH_MLA = """\
+  // partition heads
+  constexpr int64_t kBLOCK_H_MAX = 16;
+  at::parallel_for(0, n, 0, [&](int64_t begin, int64_t end) {
+    alignas(64) float s_i[kBLOCK_H_MAX * BLOCK_N];
+  });
+  constexpr int64_t kBLOCK_H_MAX = 16;
+"""
+
+
 def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_path):
     (tmp_path / "requirements").mkdir()
     (tmp_path / "cmake").mkdir()
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "vllm"\nauthors = []\n')
     (tmp_path / "requirements" / "cpu.txt").write_text(CPU_REQS)
     (tmp_path / "cmake" / "cpu_extension.cmake").write_text(GATE)
+    mla = tmp_path / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp"
+    mla.parent.mkdir(parents=True)
+    mla.write_text(FLASH_MLA)
     dropped = edit_tree(tmp_path, GCC)
     assert dropped == [CPU_REQS.splitlines()[2]]
+    assert mla.read_text() == FLASH_MLA.replace(
+        "  constexpr int64_t kB", "  static constexpr int64_t kB"
+    )
+    assert mla.read_text().count("static constexpr int64_t kBLOCK_H_MAX = 16;") == 2
     assert (
         tmp_path / "pyproject.toml"
     ).read_text() == '[project]\nname = "vllm-cpu"\nauthors = []\n'
@@ -169,6 +189,13 @@ def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_pat
         "VERSION_GREATER_EQUAL 12.2))" in (tmp_path / "cmake" / "cpu_extension.cmake").read_text()
     )
     assert GCC_EDIT in tree_edits(GCC) and GCC_EDIT not in tree_edits("g++ (GCC) 13.3.0")
+    assert ICE_EDIT in tree_edits(GCC) and ICE_EDIT not in tree_edits("g++ (GCC) 12.3.0")
+    newer = tmp_path / "newer"
+    (newer / "csrc" / "cpu" / "sgl-kernels").mkdir(parents=True)
+    (newer / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp").write_text(FLASH_MLA)
+    (newer / "pyproject.toml").write_text('[project]\nname = "vllm"\n')
+    edit_tree(newer, "g++ (GCC) 13.3.0")  # GCC 13 compiles vLLM's own source
+    assert (newer / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp").read_text() == FLASH_MLA
     assert gnu_version("clang version 18.1.3") is None and str(gnu_version(GCC)) == "12.2.0"
     with pytest.raises(BuildError, match='has no `name = "vllm"` line'):
         edit_tree(tmp_path, GCC)  # already the CPU project: not vLLM's layout

@@ -210,10 +210,26 @@ GCC_EDIT = (
 )
 
 
+# What the 12.3 gate guards against, met with GCC 12.2 at vLLM 0.32.0 (the first complete
+# build, 452 of 493 objects in): "internal compiler error: in lookup_template_class_1, at
+# cp/pt.cc:10126" in csrc/cpu/sgl-kernels/flash_mla.cpp, where a lambda inside the function
+# template sparse_mla_decode_kernel_impl sizes its arrays with the enclosing function's local
+# `constexpr int64_t kBLOCK_H_MAX`. Made `static constexpr`, the lambda no longer captures it
+# and GCC 12.2 compiles the file; the value, and so the code, is the same. Made with the gate
+# edit, only for GCC < 12.3; gone with it.
+ICE_FILE = "csrc/cpu/sgl-kernels/flash_mla.cpp"
+_ICE_LOCAL = re.compile(r"(?m)^(\s+)constexpr int64_t kBLOCK_H_MAX = ")
+ICE_EDIT = (
+    f"{ICE_FILE}: its function-local `constexpr int64_t kBLOCK_H_MAX` made `static "
+    "constexpr` (GCC 12.2 stops there with an internal compiler error when a lambda in a "
+    "function template sizes an array with it; made only for GCC < 12.3)"
+)
+
+
 def tree_edits(compiler: str) -> tuple[str, ...]:
     """The edits a build with ``compiler`` makes to the tree (recorded in provenance)."""
     v = gnu_version(compiler)
-    return TREE_EDITS + ((GCC_EDIT,) if v is not None and v < Version("12.3") else ())
+    return TREE_EDITS + ((GCC_EDIT, ICE_EDIT) if v is not None and v < Version("12.3") else ())
 
 
 def edit_tree(tree: Path, compiler: str = "") -> list[str]:
@@ -224,6 +240,11 @@ def edit_tree(tree: Path, compiler: str = "") -> list[str]:
         text = cmake.read_text()
         if text.count(GCC_GATE) == 1:
             cmake.write_text(text.replace(GCC_GATE, GCC_GATE[:-4] + "12.2"))
+        ice = tree / ICE_FILE
+        if ice.is_file():  # a release without the file (or the line) needs no edit there
+            ice.write_text(
+                _ICE_LOCAL.sub(r"\1static constexpr int64_t kBLOCK_H_MAX = ", ice.read_text())
+            )
     pyproject = tree / "pyproject.toml"
     text = pyproject.read_text()
     new, n = re.subn(r'(?m)^name\s*=\s*"vllm"\s*$', f'name = "{VARIANT}"', text, count=1)
