@@ -7,6 +7,7 @@ the real build is `make build-cpu-source`, tests/integration/test_cpu_source_rea
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import sys
@@ -34,6 +35,7 @@ from vllm_overlay.wheel.cpusource import (
     GCC_EDIT,
     ICE_EDIT,
     CpuBuild,
+    cpu_command,
     edit_tree,
     gnu_version,
     preflight,
@@ -205,6 +207,31 @@ def _cpu_build(compiler=GCC, constraints_sha="0" * 64) -> CpuBuild:
     sb = SourceBuild("vllm-cpu", "x86_64", "constraints/build-vllm-cpu-1.0.0.txt", constraints_sha,
                      (ONEDNN,))  # fmt: skip
     return CpuBuild(sb, compiler)
+
+
+def test_onednn_records_no_commit_of_the_repository_that_holds_the_build(tmp_path):
+    """oneDNN's CMake runs `git log -1 --format=%H` in its source tree and puts the answer in
+    the library; Debian's tree is no repository, and git must not find the one around the
+    build root (the project's checkout: the wheel's bytes followed our HEAD)."""
+    import subprocess
+
+    project = tmp_path / "project"
+    root = project / ".work" / "build" / "source-cpu"
+    (root / "onednn" / "cmake").mkdir(parents=True)
+    for args in (["init", "-q"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                                  "--allow-empty", "-m", "ours"]):  # fmt: skip
+        subprocess.run(["git", *args], cwd=project, check=True)
+    cmd = cpu_command(python=sys.executable, tree=root / "vllm", dist_dir=tmp_path / "d",
+                      version="1.0.0+ovl.1.g0.src", build=_cpu_build(), root=root,
+                      onednn_dir=root / "onednn")  # fmt: skip
+    # oneDNN's own command, in its source directory, as CMake runs it
+    log = ["git", "-c", "log.showSignature=false", "log", "--no-abbrev-commit", "--oneline",
+           "-1", "--format=%H"]  # fmt: skip
+    here = subprocess.run(log, cwd=root / "onednn", capture_output=True, text=True)
+    assert here.returncode == 0 and len(here.stdout.strip()) == 40  # what leaked before
+    env = {k: v for k, v in os.environ.items() if k not in cmd.unset} | cmd.env
+    built = subprocess.run(log, cwd=root / "onednn", env=env, capture_output=True, text=True)
+    assert built.returncode != 0 and built.stdout == ""  # oneDNN then records "N/A"
 
 
 def test_preflight_names_every_missing_tool_and_how_to_get_it(tmp_path):

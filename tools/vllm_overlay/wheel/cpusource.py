@@ -297,6 +297,13 @@ def cpu_command(
         "CCACHE_NOHASHDIR": "true",
         "CCACHE_COMPILERCHECK": "content",
         "CARGO_NET_OFFLINE": "true",
+        # oneDNN's CMake (cmake/version.cmake) records `git log -1 --format=%H` of its source
+        # directory in the library ("oneDNN v3.7.2 (commit …)"). Debian's tree is no git
+        # repository, so git walked up to the one that holds the build root (the project's
+        # checkout) and the wheel's bytes followed our HEAD (found by comparing two builds).
+        # With the build root as a ceiling, git finds no repository there: "N/A", as in
+        # Debian's own build.
+        "GIT_CEILING_DIRECTORIES": str(root),
         "PATH": os.pathsep.join([str(env_bin), os.environ.get("PATH", "")]),
     }
     if build.max_jobs:
