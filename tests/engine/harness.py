@@ -92,14 +92,17 @@ def shared_dir(basetemp: Path) -> Path:
 
 
 def project_without(root: Path, dest: Path, change_ids: tuple[str, ...]) -> Path:
-    """A copy of the overlay project at ``root`` without the changes ``change_ids``: their
-    [[change]] tables and directories gone, the lock's [base] for their files too."""
+    """A copy of the overlay project at ``root`` (its overlay, lock and constraints) without
+    the changes ``change_ids``: their [[change]] tables and directories gone, the lock's
+    [base] for their files too."""
     from vllm_overlay.pin.lockfile import read_lock, write_lock
 
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     shutil.copytree(root / "overlay", dest / "overlay")
+    if (root / "constraints").is_dir():  # the pins of a source build's environment
+        shutil.copytree(root / "constraints", dest / "constraints")
     doc = tomlkit.parse((dest / "overlay" / "overlay.toml").read_text())
     changes = doc["change"]
     kept = set()
