@@ -55,6 +55,19 @@ setup(
 FAKE_PYPROJECT = '[build-system]\nrequires = ["setuptools"]\n\n[project]\nname = "vllm"\n'
 
 
+# vLLM 0.32.0's platform lookup, as vllm/platforms/__init__.py has it.
+PLATFORMS_PY = """\
+def vllm_version_matches_substr(substr: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        vllm_version = version("vllm")
+    except PackageNotFoundError as e:
+        raise e
+    return substr in vllm_version
+"""
+
+
 def cpu_release(version: str) -> dict[str, str]:
     """The synthetic release ``version`` as vLLM's CPU project."""
     return {
@@ -64,6 +77,7 @@ def cpu_release(version: str) -> dict[str, str]:
         "requirements/cpu.txt": CPU_REQS,
         "requirements/build/cpu.txt": "setuptools\nwheel\ntorch==2.11.0+cpu\n",
         "cmake/cpu_extension.cmake": GATE,
+        "vllm/platforms/__init__.py": PLATFORMS_PY,
     }
 
 

