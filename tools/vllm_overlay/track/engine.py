@@ -93,8 +93,11 @@ def _engine_tests(project: Project, *, max_jobs: int | None) -> dict:
     log = project.work_dir / "track-engine.log"
     env = {**os.environ, "MAX_JOBS": str(max_jobs or 2)}
     started = time.monotonic()
+    # A base directory of its own: pytest keeps only the newest three under the default
+    # one, so another run there (the caller's own pytest) could lose its files to this one.
     proc = run(
         sys.executable, "-m", "pytest", ENGINE_TESTS, "-p", "no:cacheprovider",
+        "--basetemp", str(project.work_dir / "track-engine-tmp"),
         "--engine-device", "cpu", "-q", "-ra",
         cwd=project.root, env=env, check=False, log=log, what="the engine tests at the target",
     )  # fmt: skip
