@@ -131,7 +131,7 @@ def main() -> int:
             )
 
     print(f"\nextraction: {args.prompts} prompts x {args.length} tokens, {args.model}, "
-          f"layers {LAYERS}, {args.rounds} rounds per engine after {args.warmup} uncounted, "
+          f"layers {LAYERS}, {args.rounds} rounds per engine (the first {args.warmup} uncounted), "
           f"{args.repeat} engines per wheel, model runner {args.runner}")  # fmt: skip
     print(f"{'wheel':9} {'start s (each)':>22} {'tokens/s median':>16} {'rounds':>7}")
     medians = {}
