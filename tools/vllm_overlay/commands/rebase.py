@@ -250,7 +250,5 @@ def _render_pin(to: dict) -> list[str]:
         lines.append(f"  {a['kind']:5} {a['filename']} sha256 {a['sha256']} ({a['size']} bytes)")
     variants = "; ".join(f"{v} ({', '.join(p)})" for v, p in to.get("variants", {}).items())
     lines.append(f"  official wheels: {variants or 'none'}")
-    lines.append(
-        f"  built from source here: {', '.join(to.get('built_from_source', [])) or 'none'}"
-    )
+    lines.append(f"  built from source here: {to.get('built_from_source', 'none')}")
     return lines

@@ -92,7 +92,7 @@ def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> 
                 for a in ctx.new_lock.artifacts
             ],  # fmt: skip
             "variants": {v: ctx.new_lock.platforms(v) for v in ctx.new_lock.variants()},
-            "built_from_source": [f"{s.project} ({s.machine})" for s in ctx.new_lock.sources],
+            "built_from_source": ctx.new_lock.source_line(),
         },
         "path": list(w.path),
         "at": w.release,

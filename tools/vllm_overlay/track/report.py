@@ -162,7 +162,8 @@ def markdown(rep: dict) -> str:
 
 def _engine(e: dict, version: str) -> list[str]:
     """The engine proof: the source build (how long it took) and the engine tests."""
-    builds = ", ".join(e.get("source_builds", [])) or "our wheel"
+    builds = e.get("source_builds", "none")
+    builds = "our wheel" if builds == "none" else builds
     out = ["## The engine proof", ""]
     b = e.get("build") or {}
     if b.get("ok"):
