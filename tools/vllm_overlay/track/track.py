@@ -205,7 +205,9 @@ def track(
             cwd=copy.worktree)  # fmt: skip
         git("commit", "-q", "--no-verify", "-m", _message(rep), cwd=copy.worktree)
         rep["commit"] = rev_parse(copy.worktree, "HEAD")
-        if engine == "always" or (engine == "auto" and track_engine.pins_a_source_build(copy.project)):
+        if engine == "always" or (
+            engine == "auto" and track_engine.pins_a_source_build(copy.project)
+        ):
             rep["engine"] = track_engine.prove(copy.project, index_url=index_url,
                                                max_jobs=max_jobs, build_python=build_python)  # fmt: skip
         suite_ok = rep.get("suite", {}).get("ok", True)
