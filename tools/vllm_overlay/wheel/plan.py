@@ -22,6 +22,7 @@ from vllm_overlay.pin.sources import VARIANT as CPU_VARIANT
 from vllm_overlay.pin.sources import machine_of, source_build_for
 from vllm_overlay.pin.trees import upstream_repo
 from vllm_overlay.wheel.cpusource import CpuBuild, compiler_version
+from vllm_overlay.wheel.cputorch import is_cuda_torch
 from vllm_overlay.wheel.metadata import WheelName, local_label, overlay_version, parse_name
 from vllm_overlay.wheel.provenance import ChangedFile, changed_files, provenance
 from vllm_overlay.wheel.setupbuild import SourceSettings
@@ -180,7 +181,13 @@ def plan_build(
     if choice.strategy == "source" and not own:
         sb = source_build_for(lock, project.root, machine)
         assert sb is not None and canonicalize_name(target.variant) == CPU_VARIANT
-        cpu = CpuBuild(sb, compiler_version(), opts.source.cmake_build_type, opts.source.max_jobs)
+        cpu = CpuBuild(
+            sb,
+            compiler_version(),
+            opts.source.cmake_build_type,
+            opts.source.max_jobs,
+            cuda_torch=is_cuda_torch(project.root / sb.constraints),
+        )
         label += ".src"  # ours, built from source (not the official wheel repacked)
     elif choice.strategy == "source" and opts.source.target_device != "cuda":
         label += f".{opts.source.target_device}"  # never mistaken for a CUDA build
