@@ -1,0 +1,122 @@
+"""The CPU build against the index's torch (its CUDA build): when, and what it changes.
+
+The real torch package and CMake are exercised by tests/integration/test_cpu_torch_real.py;
+these are the decisions around it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from vllm_overlay.pin.lockfile import SourceBuild, SourceInput
+from vllm_overlay.util import sha256_file
+from vllm_overlay.wheel import cpusource, cputorch
+from vllm_overlay.wheel.cpusource import CpuBuild
+
+GCC = "c++ (Debian 12.2.0-14+deb12u1) 12.2.0"
+# The torch lines of vLLM 0.33.0's requirements/cpu.txt (requirements/build/cpu.txt has the same).
+CPU_REQS = (
+    'torch==2.14.0+cpu; platform_machine == "x86_64" or platform_machine == "s390x" or '
+    'platform_machine == "aarch64"\n'
+    'torch==2.14.0; platform_system == "Darwin" or platform_machine == "ppc64le"\n'
+    'torchaudio; platform_machine != "s390x"\n'
+)
+# a pin that is not in the cache: preflight then asks for apt-get, which says nothing of torch
+ONEDNN = SourceInput("onednn", "onednn", "3.7.2+ds-2", "trixie", "onednn_3.7.2+ds.orig.tar.xz",
+                     "0" * 64, 1)  # fmt: skip
+
+
+def test_the_index_torch_is_taken_for_the_cuda_build_only_where_constraints_pin_it(tmp_path):
+    c = tmp_path / "build.txt"
+    c.write_text("# header\ncmake==4.4.5\ntorch==2.14.0\ntriton==3.8.0\n")
+    assert cputorch.is_cuda_torch(c)
+    c.write_text("cmake==4.4.5\ntorch==2.13.0+cpu\n")
+    assert not cputorch.is_cuda_torch(c)
+    c.write_text("cmake==4.4.5\ntorchaudio==2.14.0\n")  # no torch pin at all
+    assert not cputorch.is_cuda_torch(c)
+    assert not cputorch.is_cuda_torch(tmp_path / "missing.txt")
+
+
+def test_the_requirements_ask_for_the_torch_the_index_serves(tmp_path):
+    for rel in cputorch.REQUIREMENT_FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(CPU_REQS)
+    changed = cputorch.edit_requirements(tmp_path)
+    assert len(changed) == 4  # both torch lines of both files, as they now read
+    for rel in cputorch.REQUIREMENT_FILES:
+        lines = (tmp_path / rel).read_text().splitlines()
+        first = Requirement(lines[0])
+        assert str(first.specifier) == "==2.14.0" and "x86_64" in str(first.marker)
+        assert lines[1:] == CPU_REQS.splitlines()[1:]  # the rest untouched
+        # the index's CUDA build and PyTorch's +cpu build both satisfy it
+        assert first.specifier.contains("2.14.0+cu130") and first.specifier.contains("2.14.0+cpu")
+    assert cputorch.edit_requirements(tmp_path) == []  # a second run changes nothing
+
+
+def _build(tmp_path: Path, pin: str) -> tuple[CpuBuild, Path]:
+    (tmp_path / "constraints").mkdir(exist_ok=True)
+    c = tmp_path / "constraints" / "build-vllm-cpu-0.33.0.txt"
+    c.write_text(f"cmake==4.4.5\n{pin}\n")
+    sb = SourceBuild("vllm-cpu", "x86_64", "constraints/build-vllm-cpu-0.33.0.txt",
+                     sha256_file(c), (ONEDNN,))  # fmt: skip
+    return CpuBuild(sb, GCC, cuda_torch=cputorch.is_cuda_torch(c)), c
+
+
+def _torch_problems(build: CpuBuild, root: Path, version: str, cuda: str | None) -> list[str]:
+    reqs = [Requirement(CPU_REQS.splitlines()[0])]
+    out = cpusource.preflight(build, root=root, platform_tag="manylinux_2_28_x86_64", env={},
+                              torch_version=version, torch_cuda=cuda, build_requirements=reqs,
+                              machine="x86_64")  # fmt: skip
+    return [p for p in out if "torch" in p]
+
+
+def test_preflight_takes_the_cuda_torch_only_where_the_build_is_made_for_it(tmp_path):
+    cuda, _ = _build(tmp_path, "torch==2.14.0")
+    assert cuda.cuda_torch
+    assert _torch_problems(cuda, tmp_path, "2.14.0+cu130", "13.0") == []
+    wrong = _torch_problems(cuda, tmp_path, "2.13.0+cu130", "13.0")
+    assert len(wrong) == 1 and "does not satisfy" in wrong[0]
+    cpu, _ = _build(tmp_path, "torch==2.14.0+cpu")
+    assert not cpu.cuda_torch
+    refused = _torch_problems(cpu, tmp_path, "2.14.0+cu130", "13.0")
+    assert any("is a CUDA build" in p for p in refused)
+    assert _torch_problems(cpu, tmp_path, "2.14.0+cpu", None) == []
+
+
+def test_the_cmake_run_and_the_record_follow_the_torch_build(tmp_path):
+    cuda, _ = _build(tmp_path, "torch==2.14.0")
+    root = tmp_path / "root"
+    cmd = cpusource.cpu_command(python="/env/bin/python", tree=tmp_path, dist_dir=tmp_path,
+                                version="0.33.0+ovl.1.gabc.src", build=cuda, root=root,
+                                onednn_dir=root / "onednn")  # fmt: skip
+    assert cmd.env["CMAKE_ARGS"] == f"-DTorch_DIR={root / cputorch.TORCH_DIR}"
+    assert "CMAKE_ARGS" not in cmd.unset
+    assert set(cputorch.edits()) <= set(cuda.key_settings()["tree_edits"])
+    cpu, _ = _build(tmp_path, "torch==2.13.0+cpu")
+    cmd = cpusource.cpu_command(python="/env/bin/python", tree=tmp_path, dist_dir=tmp_path,
+                                version="0.32.0+ovl.1.gabc.src", build=cpu, root=root,
+                                onednn_dir=root / "onednn")  # fmt: skip
+    assert "CMAKE_ARGS" not in cmd.env and "CMAKE_ARGS" in cmd.unset
+    # a +cpu build records exactly what it recorded before this module existed
+    assert cpu.key_settings()["tree_edits"] == list(cpusource.tree_edits(GCC))
+
+
+def test_our_torch_config_includes_torchs_own_through_the_env_link(tmp_path):
+    root = tmp_path / "root"
+    real = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "torch" / "share"
+    (real / "cmake" / "Torch").mkdir(parents=True)
+    root.mkdir()
+    (root / "env").symlink_to(tmp_path / "venv")
+    out = cputorch.write_config(root)
+    text = (out / "TorchConfig.cmake").read_text()
+    want = root / "env/lib/python3.11/site-packages/torch/share/cmake/Torch/TorchConfig.cmake"
+    assert f'include("{want}")' in text  # the link's path: the same at every build
+    (root / "env").unlink()
+    (root / "env").symlink_to(tmp_path / "elsewhere")
+    try:
+        cputorch.write_config(root)
+    except Exception as e:  # noqa: BLE001
+        assert "no torch CMake package" in str(e)
+    else:
+        raise AssertionError("a build environment without torch's CMake package was accepted")
