@@ -191,3 +191,33 @@ print('\x1b[32m100%\x1b[0m done')"""
     shown = on_a_terminal([sys.executable, "-c", code])
     assert "is a tty: True" in shown and "\x1b[32m 10%" in shown  # drawn as the child drew it
     assert "\nis a tty: True\n100% done\n--- exit code 0" in log.read_text()
+
+
+SUITE_RUNNER = """
+import sys
+from pathlib import Path
+from vllm_overlay.testing import runner
+cmd = [sys.executable, "-c", "import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"]
+with open(sys.argv[1], "ab") as log, runner._process_group(cmd, dict(__import__("os").environ),
+                                                           Path("."), log) as proc:
+    proc.wait()
+"""
+
+
+def test_a_stopped_suite_run_leaves_no_pytest_running(tmp_path):
+    """SIGTERM to the tool while vLLM's suite runs (its own process group, for the workers)
+    stops that group too: found when a stopped `track --suite` left the suite's pytest
+    running."""
+    log = tmp_path / "suite.log"
+    runner = subprocess.Popen([sys.executable, "-c", SUITE_RUNNER, log],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        pid = int(wait_for(log, "pid ").split("pid ")[1].split()[0])
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(timeout=600)  # a guard against a hang only
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode != 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the child is gone (stopped and reaped by the tool)

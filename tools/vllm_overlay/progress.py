@@ -140,7 +140,7 @@ def _columns(stream: TextIO) -> int:
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
+def sigterm_interrupts() -> Iterator[None]:
     """While the child runs, SIGTERM is a KeyboardInterrupt (the child is stopped, the log
     kept) instead of this process vanishing with the child left running."""
     if threading.current_thread() is not threading.main_thread():
@@ -253,7 +253,7 @@ def run_logged(
         pending = b""
         status.start()
         try:
-            with _sigterm_interrupts():
+            with sigterm_interrupts():
                 while True:
                     wait = REDRAW if status.spinner else max(status.interval, REDRAW)
                     if deadline is not None:

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import errors, util
+from vllm_overlay import errors, progress, util
 from vllm_overlay.envs import childenv
 from vllm_overlay.errors import SuiteError
 from vllm_overlay.testing import contract as suite_plugin
@@ -218,7 +218,8 @@ def _process_group(
     except FileNotFoundError as e:
         raise errors.missing_program(cmd[0], e) from e
     try:
-        yield proc
+        with progress.sigterm_interrupts():  # a stopped tool leaves no pytest running
+            yield proc
     finally:
         if proc.poll() is None:
             _stop(proc)
