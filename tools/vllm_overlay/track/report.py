@@ -44,6 +44,8 @@ def markdown(rep: dict) -> str:
                 out.append(f"- sdist: `{a['filename']}` sha256 `{a['sha256']}`")
         for variant, platforms in to.get("variants", {}).items():
             out.append(f"- {variant} wheels: {', '.join(platforms)}")
+        if to.get("built_from_source", "none") != "none":
+            out.append(f"- built from source here: {to['built_from_source']}")
     for n in [*rep.get("notes", []), *r.get("notes", [])]:
         out.append(f"- note: {n}")
     for p in rep.get("uncommitted", []):
