@@ -418,7 +418,7 @@ def run_server_session(shared: Path, name: str, runner: str, wheels: dict, model
 
     wheel_kind, model_name, parts = SERVER_SESSIONS[name]
     assert runner in SERVER_RUNNERS[name], f"{name} does not run on {runner}"
-    wheel = wheels[f"{wheel_kind}-{runner}"]
+    wheel = harness.runner_wheel(wheels, wheel_kind, runner)
     where = shared / "servers" / f"{name}-{runner}"
     with util.exclusive_lock(where.with_suffix(".lock"), f"server session {name}",
                              timeout=harness.SESSION_TIMEOUT):  # fmt: skip

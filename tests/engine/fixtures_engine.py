@@ -97,7 +97,7 @@ def engine_wheels(engine_shared, engine_device, engine_cpu_build, tmp_path_facto
                           harness.engine_env(path, f"{kind}{slot}", engine_device, runner),
                           runner)
             for kind, path in (("ours", ours), ("without", without))
-            for runner in harness.RUNNERS
+            for runner in harness.runners_at(harness.pinned_version(harness.REPO))
         ]  # fmt: skip
         util.atomic_write_text(
             engine_shared / "wheels.json",
@@ -110,7 +110,7 @@ def engine_wheels(engine_shared, engine_device, engine_cpu_build, tmp_path_facto
 def engine_models(engine_wheels, tmp_path_factory) -> dict[str, str]:
     with pytest.MonkeyPatch.context() as mp:
         isolate(mp, tmp_path_factory, network=True)
-        return harness.tiny_models(engine_wheels["ours-v1"].env)
+        return harness.tiny_models((engine_wheels.get("ours-v1") or engine_wheels["ours-v2"]).env)
 
 
 @pytest.fixture(scope="session")
@@ -138,7 +138,7 @@ def engine_session(engine_wheels, engine_models, engine_shared, engine_device, t
         with pytest.MonkeyPatch.context() as mp:
             isolate(mp, tmp_path_factory, network=True)
             s = harness.run_session(
-                engine_shared, f"{name}-{runner}", engine_wheels[f"{wheel}-{runner}"], spec,
+                engine_shared, f"{name}-{runner}", harness.runner_wheel(engine_wheels, wheel, runner), spec,
                 env_vars=env_vars,
             )  # fmt: skip
         harness.report(engine_shared, s.name, summary(s))

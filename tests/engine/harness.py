@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import tomlkit
 from vllm_overlay.envs.enginenv import EngineEnv
 
@@ -59,6 +60,32 @@ SESSION_TIMEOUT = 1200  # seconds one session may take (an engine start is 1-3 m
 # ``cpu`` (env/triton_cpu_shim/, in an engine environment of its own); on a GPU vLLM finds
 # Triton itself, and V1 is asked for (VLLM_USE_V2_MODEL_RUNNER=0).
 RUNNERS = ("v2", "v1")
+
+
+def runners_at(version: str) -> tuple[str, ...]:
+    """The model runners vLLM ``version`` has: 0.34.0 deleted V1 (its sessions are skipped
+    there, saying so, rather than run on a runner that is not there)."""
+    from packaging.version import Version
+
+    return RUNNERS if Version(version) < Version("0.34.0") else ("v2",)
+
+
+def pinned_version(root: Path) -> str:
+    """The vLLM release ``root``'s upstream.lock pins."""
+    from vllm_overlay.pin.lockfile import read_lock
+
+    return read_lock(root / "upstream.lock").upstream.version
+
+
+def runner_wheel(wheels: dict, kind: str, runner: str):
+    """``wheels[kind-runner]``; a skip where the pinned release has no such runner."""
+    key = f"{kind}-{runner}"
+    if key not in wheels:
+        version = pinned_version(REPO)
+        pytest.skip(f"vLLM {version} has no Model Runner {runner.upper()} (0.34.0 deleted V1)")
+    return wheels[key]
+
+
 # What each runner's session must show ran, per device: the classes the probe read from the
 # worker's model runner and proposer (VO_RAN_FILE).
 RAN = {
