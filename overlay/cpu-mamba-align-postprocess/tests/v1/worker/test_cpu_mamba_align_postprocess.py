@@ -18,6 +18,14 @@ and ``run_fused_precopy``, with their metadata built by
 kernels' contract describes. Running on an unpatched tree: set
 ``VLLM_OVERLAY_TREE=pristine``; the tests that need the fix are then
 ``xfail(strict=True)``.
+
+From vLLM 0.34.0 the CPU platform registers no CPU kernels of its own (``cpu_triton_utils``
+and ``CpuPlatform.register_triton_kernel_overrides`` are gone) and refuses x86 without
+Triton, whose kernels then run themselves: the twins have nothing left to serve. The tests
+of the twins skip there, saying so, and
+``test_x86_without_triton_never_meets_the_align_kernels`` holds at every release: the
+change's drop at 0.34.0 is proven by it (and, in the engine, by the hybrid model with prefix
+caching on Model Runner V2).
 """
 
 import os
@@ -52,6 +60,19 @@ needs_fix = pytest.mark.xfail(
 
 pytestmark = pytest.mark.skipif(
     HAS_TRITON, reason="with a Triton backend the CPU runner keeps the Triton kernels"
+)
+
+# Up to 0.33.0 the CPU platform registers CPU kernels where Triton is missing; 0.34.0 deleted
+# them (its base Platform's method does nothing) and requires Triton on x86.
+OWN_KERNELS = "register_triton_kernel_overrides" in vars(CpuPlatform)
+twins = pytest.mark.skipif(
+    not OWN_KERNELS,
+    reason="this release's CPU platform registers no CPU kernels (0.34.0 deleted them and "
+    "requires Triton on x86): the twins have nothing to serve",
+)
+ALIGN_KERNELS = (
+    "vllm.v1.worker.mamba_utils.postprocess_mamba_fused_kernel",
+    "vllm.v1.worker.mamba_utils.precopy_mamba_align_fused_kernel",
 )
 
 BLOCK, BLOCKS, WIDTH, DIM = 4, 8, 3, 6  # conv state: WIDTH (= kernel - 1) x DIM
@@ -123,6 +144,7 @@ def _context(conv, ssm, block_table):
     return ctx
 
 
+@twins
 @needs_fix
 def test_states_move_to_the_block_of_the_last_accepted_token(cpu_kernels):
     conv, ssm = _states()
@@ -159,6 +181,7 @@ def test_states_move_to_the_block_of_the_last_accepted_token(cpu_kernels):
     assert ctx.num_accepted_tokens_out[:2].tolist() == [1, 1]
 
 
+@twins
 @needs_fix
 def test_a_state_moves_to_another_block(cpu_kernels):
     conv, ssm = _states()
@@ -188,6 +211,7 @@ def test_a_state_moves_to_another_block(cpu_kernels):
     assert ctx.num_accepted_tokens_out[:1].tolist() == [1]
 
 
+@twins
 @needs_fix
 def test_the_precopy_moves_the_previous_blocks_state_before_the_step(cpu_kernels):
     conv, ssm = _states()
@@ -217,3 +241,20 @@ def test_the_precopy_moves_the_previous_blocks_state_before_the_step(cpu_kernels
     expected_ssm[dst_block] = ssm0[int(block_table[0, 0 + bias])]
     assert torch.equal(conv, expected_conv)
     assert torch.equal(ssm, expected_ssm)
+
+
+@needs_fix
+def test_x86_without_triton_never_meets_the_align_kernels(cpu_kernels, monkeypatch):
+    """An x86 CPU engine without Triton either has CPU kernels for both fused align copies
+    (our twins, registered by the platform) or does not start at all (vLLM 0.34.0: "requires
+    Triton"). Upstream up to 0.33.0 has neither: the engine ran into the Triton kernels."""
+    from vllm.platforms.interface import CpuArchEnum
+    from vllm.triton_utils import dispatcher
+
+    if all(name in dispatcher._registry for name in ALIGN_KERNELS):
+        return  # the platform registered CPU kernels for both
+    monkeypatch.setattr("vllm.triton_utils.HAS_TRITON", False)
+    x86 = classmethod(lambda cls: CpuArchEnum.X86)
+    monkeypatch.setattr(CpuPlatform, "get_cpu_architecture", x86)
+    with pytest.raises(RuntimeError, match="requires Triton"):
+        CpuPlatform.check_and_update_config(SimpleNamespace(model_config=None))
