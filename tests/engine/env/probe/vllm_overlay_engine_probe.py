@@ -45,7 +45,10 @@ def register() -> None:
         return
     if out:
         os.makedirs(out, exist_ok=True)
-    _probe_v1(out)
+    from importlib.util import find_spec
+
+    if find_spec("vllm.v1.spec_decode.extract_hidden_states") is not None:  # 0.34.0: no V1
+        _probe_v1(out)
     from vllm.triton_utils import HAS_TRITON
 
     if HAS_TRITON:
