@@ -110,7 +110,7 @@ def engine_wheels(engine_shared, engine_device, engine_cpu_build, tmp_path_facto
 def engine_models(engine_wheels, tmp_path_factory) -> dict[str, str]:
     with pytest.MonkeyPatch.context() as mp:
         isolate(mp, tmp_path_factory, network=True)
-        return harness.tiny_models((engine_wheels.get("ours-v1") or engine_wheels["ours-v2"]).env)
+        return harness.tiny_models(harness.ours_env(engine_wheels))
 
 
 @pytest.fixture(scope="session")

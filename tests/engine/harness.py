@@ -77,6 +77,12 @@ def pinned_version(root: Path) -> str:
     return read_lock(root / "upstream.lock").upstream.version
 
 
+def ours_env(wheels: dict):
+    """The engine environment of our wheel on V1 where the release has it, else on V2 (for
+    what needs any environment of ours: the tiny models, the import surface)."""
+    return (wheels.get("ours-v1") or wheels["ours-v2"]).env
+
+
 def runner_wheel(wheels: dict, kind: str, runner: str):
     """``wheels[kind-runner]``; a skip where the pinned release has no such runner."""
     key = f"{kind}-{runner}"

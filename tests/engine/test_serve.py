@@ -11,6 +11,7 @@ configures it.
 from __future__ import annotations
 
 import pytest
+from engine import harness
 from engine.checks import assert_layers_right, assert_right
 from engine.clients import SERVER_RUNNERS, SPECULATORS_ROWS, STORM
 from engine.sessions import FP8_TOLERANCE, RUNNERS_OF
@@ -140,7 +141,7 @@ def test_hs_connectors_imports_resolve_on_our_wheel(engine_wheels, tmp_path):
     import shutil
     import subprocess
 
-    env = (engine_wheels.get("ours-v1") or engine_wheels["ours-v2"]).env
+    env = harness.ours_env(engine_wheels)
     environ = env.environ(tmp_path)
     out = subprocess.run([env.python, "-c", SURFACE], env=environ,
                          capture_output=True, text=True, check=False, timeout=300)  # fmt: skip

@@ -425,10 +425,11 @@ def preflight(
                 f"torch {torch_version} in the build environment is a CUDA build; the CPU "
                 f"build needs {torch_req or 'the CPU build of torch'}."
             )
-        have = Version(torch_version).public if build.cuda_torch else torch_version
         if build.cuda_torch and torch_req is not None:  # the tree is edited to torch==X
-            torch_req = Requirement(re.sub(r"\+cpu\b", "", str(torch_req)))
-        if torch_req is not None and not torch_req.specifier.contains(have, prereleases=True):
+            torch_req = Requirement(cputorch.index_requirement(str(torch_req)))
+        if torch_req is not None and not torch_req.specifier.contains(
+            torch_version, prereleases=True
+        ):
             problems.append(
                 f"torch {torch_version} in the build environment does not satisfy the tree's "
                 f"{torch_req} ({BUILD_REQUIREMENTS}); its constraints file should pin it."

@@ -76,6 +76,11 @@ def edits() -> tuple[str, ...]:
     return (CMAKE_EDIT, REQ_EDIT)
 
 
+def index_requirement(text: str) -> str:
+    """Requirement lines with ``torch==X+cpu`` as ``torch==X``: what the edited tree asks for."""
+    return _CPU_REQ.sub(r"\1", text)
+
+
 def edit_requirements(tree: Path) -> list[str]:
     """``torch==X+cpu`` to ``torch==X`` in the tree's CPU requirements; returns the lines
     changed (as they now read)."""
@@ -85,7 +90,7 @@ def edit_requirements(tree: Path) -> list[str]:
         if not path.is_file():
             continue
         text = path.read_text()
-        new = _CPU_REQ.sub(r"\1", text)
+        new = index_requirement(text)
         if new != text:
             path.write_text(new)
             changed += [ln.strip() for ln in new.splitlines() if _PIN.match(ln)]
