@@ -57,6 +57,9 @@ def tree(connector: str = CONN, **more: str) -> dict[str, str]:
 
 
 FIXED = CONN.replace(*FIXED_CONNECTOR_SNIPPET)
+# Upstream's own fix, on our line but not ours: a conflict that the change's test passes on.
+OWN_FIX = ("        self._block_size = getattr(cache_config, 'group_block_size', None) "
+           "or cache_config.block_size\n")  # fmt: skip
 RENAMED_CLASS = FIXED.replace("class Connector:", "class HiddenStatesConnector:")
 
 HISTORIES = {
@@ -78,6 +81,16 @@ HISTORIES = {
         "1.1.0": tree(CONN.replace(OLD_LINE, REWRITTEN) + ELSEWHERE),
         "1.2.0": {
             **tree(CONN.replace(OLD_LINE, REWRITTEN) + ELSEWHERE),
+            EXTRACT: BASE[EXTRACT].replace(EXTRACT_LINE, "    block_size = kv_cache.shape[1]\n"),
+        },
+    },
+    # 1.1.0 fixes it upstream's own way on our line (a conflict a person settles by taking
+    # upstream's code: a drop); 1.2.0 rewrites the line the second change touches.
+    "own_fix": {
+        "1.0.0": tree(),
+        "1.1.0": tree(CONN.replace(OLD_LINE, OWN_FIX)),
+        "1.2.0": {
+            **tree(CONN.replace(OLD_LINE, OWN_FIX)),
             EXTRACT: BASE[EXTRACT].replace(EXTRACT_LINE, "    block_size = kv_cache.shape[1]\n"),
         },
     },
@@ -345,6 +358,83 @@ def test_the_same_conflict_is_asked_once(make_proj):
     assert res.rc == 0, res.err
     assert "# checked against 1.1.0" in p.change_file(ADDED_TEST).read_text()
     assert "int(getattr(" in p.change_file(CONNECTOR + ".patch").read_text()
+
+
+def _settle_second(p: Proj) -> None:
+    f = checkout(p) / EXTRACT
+    text = f.read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
+    f.write_text(text[:start] + "    block_size = kv_cache.shape[1]  # ours\n" + text[end:])
+
+
+def test_a_drop_a_person_made_is_not_asked_again(make_proj):
+    """At 1.1.0 upstream fixes it its own way on our line; the person leaves upstream's code,
+    so the change drops there, proven. The walk then stops at 1.2.0 (the second change) and
+    is aborted: the next rebase drops the change at 1.1.0 by the record, proving the drop
+    again, and asks only about 1.2.0. Once the rebase completes, the record is in overlay/."""
+    p = make_proj("own_fix")
+    add_second_change(p)
+    before = snapshot(p)
+    res = to(p, "1.2.0")
+    assert res.rc == 1
+    stop = json.loads(res.out)["stopped_at"]
+    assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
+    f = checkout(p) / CONNECTOR
+    text = f.read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
+    f.write_text(text[:start] + OWN_FIX + text[end:])  # upstream's code: the change drops
+    (checkout(p) / ADDED_TEST).unlink()
+    res = rebase(p, "--continue", "--json")
+    assert res.rc == 1
+    assert f"recorded the drop of change {CID}" in res.err
+    assert json.loads(res.out)["stopped_at"]["id"] == SECOND
+    [stored] = (p.root / ".work" / "resolutions" / CID).glob("*.json")
+    assert rebase(p, "--abort").rc == 0
+    assert snapshot(p) == before  # byte for byte; the record survives in .work/
+    res = to(p, "1.2.0")
+    assert res.rc == 1
+    rep = json.loads(res.out)
+    assert rep["stops"] == [{"release": "1.2.0", "id": SECOND, "kind": "conflict"}]
+    [d] = rep["dropped"]
+    assert (d["id"], d["release"]) == (CID, "1.1.0")
+    key = json.loads(stored.read_text())["key"]
+    assert f"dropped by record {key[:12]}" in d["reason"]
+    assert "passed against vllm 1.1.0" in d["proof"]  # the drop was proven again
+    assert rep["proof_releases"].keys() == {"1.1.0"}
+    _settle_second(p)
+    res = rebase(p, "--continue", "--json")
+    assert res.rc == 0, res.err
+    [rec] = (p.overlay / "resolutions" / CID).glob("*.json")
+    data = json.loads(rec.read_text())
+    assert (data["scope"], data["release"], data["key"]) == ("drop", "1.1.0", key)
+    assert "passed against vllm 1.1.0" in data["proof"]
+    assert f"=== {CONNECTOR} (" in "".join(data["release_side"])
+    assert [x["id"] for x in overlay_toml(p)["dropped"]] == [CID]
+    listed = json.loads(run_cli("status", "--json", cwd=p.root).out)["resolutions"]
+    assert [(r["scope"], r["in"]) for r in listed if r["change"] == CID] == [("drop", "overlay")]
+    assert f"{CID} at vllm 1.1.0, a drop of {ADDED_TEST} {CONNECTOR}" in run_cli(
+        "status", cwd=p.root).out  # fmt: skip
+
+
+def test_a_drop_record_is_not_applied_where_the_change_meets_another_state(make_proj):
+    """The record of a drop at 1.1.0 of the "own_fix" history does not drop the change at
+    the "stop" history's 1.1.0 (another conflict): there the person is asked."""
+    p = make_proj("own_fix")
+    assert to(p, "1.1.0").rc == 1
+    f = checkout(p) / CONNECTOR
+    text = f.read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
+    f.write_text(text[:start] + OWN_FIX + text[end:])
+    (checkout(p) / ADDED_TEST).unlink()
+    assert rebase(p, "--continue").rc == 0
+    [rec] = (p.overlay / "resolutions" / CID).glob("*.json")
+    q = make_proj("stop")
+    (q.overlay / "resolutions" / CID).mkdir(parents=True)
+    (q.overlay / "resolutions" / CID / rec.name).write_bytes(rec.read_bytes())
+    res = to(q, "1.1.0")
+    assert res.rc == 1
+    stop = json.loads(res.out)["stopped_at"]
+    assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
 
 
 def test_a_resolution_is_proven_before_it_is_recorded(make_proj):

@@ -247,7 +247,10 @@ def _settle(ctx: Ctx, walker: walk.Walker, unproven: str | None = None) -> None:
     for rec in walker.made:
         records.save(ctx.paths.records, rec)  # kept even if the rebase is aborted
         walker.records[rec.key] = rec
-    if walker.made:
+    if walker.made and all(r.scope == records.DROP for r in walker.made):
+        info(f"recorded the drop of change {stop.get('id')}: a later walk that meets the change "
+             "in the same state drops it there (proven again) without asking")  # fmt: skip
+    elif walker.made:
         unproven_ = any(r.unproven is not None for r in walker.made)
         mark = " UNPROVEN (--unproven: its tests fail with it)" if unproven_ else ""
         info(f"recorded {len(walker.made)} resolution(s) of change {stop.get('id')}{mark}: a "

@@ -19,6 +19,12 @@ A record applies only to an identical conflict (every hunk of the file has one, 
 file does), and the walk then runs the change's tests on the release with the result before it
 counts: a record never silently applies a wrong merge.
 
+A person who resolves a stop to upstream's code drops the change there; that too is recorded
+(scope ``drop``), keyed by the change's files on the three sides taken together (the
+release's, the base's, ours; a file absent on a side is marked so). A walk that meets the
+change in exactly that state drops it again, with the drop's proof (the change's tests on
+the pristine release), and asks nobody; a deleted file (a ``moved`` stop) is such a state too.
+
 A person's resolution is proven before it is recorded: ``rebase --continue`` runs the change's
 tests at the stop's release with it, and records it only when they pass (``proof``: what
 passed). ``--continue --unproven REASON`` records it anyway, marked ``unproven`` (who, why,
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +47,7 @@ from vllm_overlay.util import atomic_write_text, info, sha256_bytes
 
 DIR = RECORDS_DIR  # overlay/resolutions/
 FORMAT = 1
+HUNK, FILE, DROP = "hunk", "file", "drop"  # a record's scope
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ class Record:
     key: str
     path: str  # where the conflict was (for people: the key does not include it)
     release: str  # the release the conflict was met at
-    scope: str  # "hunk" or "file"
+    scope: str  # HUNK, FILE or DROP (then ``path`` names the change's files, space-separated)
     release_side: str
     base_side: str
     ours_side: str
@@ -167,7 +175,7 @@ def derive(
                     h.key,
                     path,
                     release,
-                    "hunk",
+                    HUNK,
                     h.release_side,
                     h.base_side,
                     h.ours_side,
@@ -187,7 +195,37 @@ def whole_file(change: str, path: str, release: str, sides: tuple[bytes, bytes, 
     moved to the release's new API, say) becomes, so that it too is not asked again."""
     new, old, ours = (s.decode(errors="surrogateescape") for s in sides)
     r = resolved.decode(errors="surrogateescape")
-    return Record(change, key_of(new, old, ours), path, release, "file", new, old, ours, r)
+    return Record(change, key_of(new, old, ours), path, release, FILE, new, old, ours, r)
+
+
+def side(files: Mapping[str, bytes | None]) -> str:
+    """The change's files on one side of a drop record, as one text: each path in order, with
+    its length (so no file's text can pass for a header), or marked absent."""
+    out = []
+    for path in sorted(files):
+        data = files[path]
+        if data is None:
+            out.append(f"=== {path} (absent)\n")
+        else:
+            text = data.decode(errors="surrogateescape")
+            out.append(f"=== {path} ({len(text)} characters)\n{text}\n")
+    return "".join(out)
+
+
+def drop(change: str, release: str, sides: tuple[Mapping, Mapping, Mapping]) -> Record:
+    """The record of a person's drop of ``change`` at ``release``: ``sides`` are the change's
+    files (path -> bytes, None: absent) in the release as the walk met them, at the change's
+    base, and ours."""
+    new, old, ours = (side(s) for s in sides)
+    return Record(change, key_of(new, old, ours), " ".join(sorted(sides[2])), release, DROP,
+                  new, old, ours, "")  # fmt: skip
+
+
+def find_drop(change: str, sides: tuple[Mapping, Mapping, Mapping],
+              found: dict[str, Record]) -> Record | None:  # fmt: skip
+    """The record of a person's drop of ``change`` in exactly this state (None: there is none)."""
+    rec = found.get(key_of(*(side(s) for s in sides)))
+    return rec if rec is not None and rec.change == change and rec.scope == DROP else None
 
 
 def _between(common: list[str], resolved: str) -> list[str] | None:
@@ -218,7 +256,7 @@ def apply(merged: str, by_key: dict[str, Record]) -> str | None:
     out = common[0]
     for h, text in zip(hunks, common[1:], strict=True):
         rec = by_key.get(h.key)
-        if rec is None or rec.scope != "hunk":
+        if rec is None or rec.scope != HUNK:
             return None
         out += rec.resolution + text
     return out
@@ -230,7 +268,7 @@ def resolve(change: str, merged: bytes, sides: tuple[bytes, bytes, bytes],
     an identical record)."""
     new, old, ours = (s.decode(errors="surrogateescape") for s in sides)
     whole = records.get(key_of(new, old, ours))
-    if whole is not None and whole.change == change and whole.scope == "file":
+    if whole is not None and whole.change == change and whole.scope == FILE:
         return whole.resolution.encode(errors="surrogateescape"), [whole]
     mine = {k: r for k, r in records.items() if r.change == change}
     text = apply(merged.decode(errors="surrogateescape"), mine)

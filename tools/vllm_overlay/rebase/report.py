@@ -222,5 +222,10 @@ def next_steps(ctx: Ctx, pending: dict) -> list[str]:
             "change no longer needs it. The change's files in overlay.toml follow what the "
             "checkout holds."
         )
+    steps.append(
+        "If upstream's code makes the change unneeded, leave the change's files as upstream "
+        f"{new} has them (a file the change adds: removed): the change drops here once its "
+        "tests pass without it, and the drop is recorded, so no walk asks it again."
+    )
     steps.append(f"{go_on}; {back}.")
     return steps

@@ -15,6 +15,7 @@ bottom as what it does:
             kept, refreshed -> its new form is its files here; the tree takes them
             conflict, moved, collision:
                 every hunk has a resolution record  -> apply; its tests pass here: carried
+                a person dropped it in this state   -> drop it again, proven here
                 a later release up to the target clears it (drops it, or merges it)
                                                      -> wait for that release: not asked
                 upstream touches these lines again before the target
@@ -335,8 +336,10 @@ class Walker:
         if len(items) > 1:
             self.host.prove_drops(w.release, items)
 
-    def _drop(self, cid: str, o: decide.Outcome, proof: Proof | None = None) -> None:
-        """``proof``: the drop's, already run (a person's resolution to upstream's code)."""
+    def _drop(self, cid: str, o: decide.Outcome, proof: Proof | None = None,
+              **more: object) -> None:  # fmt: skip
+        """``proof``: the drop's, already run (a person's resolution to upstream's code, or
+        their drop record's); ``more``: what the cell also says (the records)."""
         w = self.walk
         if proof is None:
             self._batch_drops(cid)
@@ -349,11 +352,11 @@ class Walker:
         w.gone[cid] = {"release": w.release, "reason": o.reason, "proof": text}
         if cid in w.unresolved:
             w.unresolved.remove(cid)
-        self._cell(cid, decide.DROPPED, o.reason, proof=text)
+        self._cell(cid, decide.DROPPED, o.reason, proof=text, **more)
 
     def _conflict(self, cid: str, o: decide.Outcome) -> None:
         w = self.walk
-        if self._by_record(cid, o):
+        if self._by_record(cid, o) or self._by_drop_record(cid, o):
             return
         ahead = self._ahead(cid, o)
         if ahead:
@@ -433,6 +436,36 @@ class Walker:
                     f"{', '.join(k[:12] for k in keys)}; {text}", records=keys, **more)  # fmt: skip
         return True
 
+    def _sides(self, cid: str) -> tuple[dict, dict, dict]:
+        """The change's files in the release as the walk meets them, at its base, and ours:
+        what a drop record is keyed by."""
+        form = self.walk.forms[cid]
+        tree = self._tree(form.files)
+        return ({p: tree.get(p) for p in form.files}, self.blobs.files(form.before),
+                self.blobs.files(form.after))  # fmt: skip
+
+    def _by_drop_record(self, cid: str, o: decide.Outcome) -> bool:
+        """Drop the change as a person did in exactly this state, when the drop's proof
+        passes here (it is run again: the release is not the one the record was made at)."""
+        rec = records.find_drop(cid, self._sides(cid), self.records) if self.records else None
+        if rec is None:
+            return False
+        w = self.walk
+        self._batch_drops(cid)
+        change, ours = self._as_carried(cid)
+        proof = self.host.prove_drop(w.release, change, ours)
+        if proof is not None and not proof.ok:
+            o.notes.append(f"a person dropped it in this state at {w.name} {rec.release} "
+                           f"(record {rec.key[:12]}), but its drop's proof fails here: "
+                           f"{proof.text}")  # fmt: skip
+            return False
+        if rec.key not in w.records_used:
+            w.records_used.append(rec.key)
+        why = (f"{o.reason}; dropped by record {rec.key[:12]}: a person resolved it to "
+               f"upstream's code at {w.name} {rec.release}")  # fmt: skip
+        self._drop(cid, decide.Outcome(cid, decide.DROPPED, why), proof=proof, records=[rec.key])
+        return True
+
     # -- looking ahead ---------------------------------------------------------------------
 
     def _ahead(self, cid: str, here: decide.Outcome) -> tuple[str, str] | None:
@@ -508,13 +541,15 @@ class Walker:
                 made += records.derive(cid, p, w.release, self.blobs.get(cf), data, sides)  # type: ignore[arg-type]
             elif data != self.blobs.get(shown.get(p)):  # the person edited a file that merged
                 made.append(records.whole_file(cid, p, w.release, sides, data))
+        if not changed:  # a drop: recorded by the change's whole state, so never asked again
+            made = [records.drop(cid, w.release, self._sides(cid))]
         self.made += [replace(r, **marks) for r in made]
         form.tests = tests
         w.stop = None
         if not changed:
             self._drop(cid, decide.Outcome(cid, decide.DROPPED, "the person resolved the stop "
                        f"to upstream's code: {w.name} {w.release} replaces the change"),
-                       proof=proof)  # fmt: skip
+                       proof=proof, records=[r.key for r in made])  # fmt: skip
         else:
             more = {"unproven": marks["unproven"]} if failed else {}
             proven = "its tests not run" if proof is None else proof.text
@@ -566,7 +601,7 @@ def _file_record(cid: str, sides: tuple, found: dict[str, records.Record]) -> re
     """The record of a person's edit of a whole file with exactly these three sides."""
     new, old, ours = (x.decode(errors="surrogateescape") if x else "" for x in sides)
     rec = found.get(records.key_of(new, old, ours))
-    return rec if rec is not None and rec.change == cid and rec.scope == "file" else None
+    return rec if rec is not None and rec.change == cid and rec.scope == records.FILE else None
 
 
 def _hunks_of(o: decide.Outcome) -> tuple:
