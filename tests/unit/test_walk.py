@@ -94,6 +94,15 @@ HISTORIES = {
             EXTRACT: BASE[EXTRACT].replace(EXTRACT_LINE, "    block_size = kv_cache.shape[1]\n"),
         },
     },
+    # 1.1.0 rewrites our line and adds its own file where we add our test: one stop, two
+    # kinds (a conflict and a collision).
+    "mixed": {
+        "1.0.0": tree(),
+        "1.1.0": {
+            **tree(CONN.replace(OLD_LINE, REWRITTEN)),
+            ADDED_TEST: "def test_theirs():\n    pass\n",
+        },
+    },
     # 1.1.0 rewrites our line, 1.2.0 puts it back: a conflict a later release undoes.
     "undone": {
         "1.0.0": tree(),
@@ -435,6 +444,27 @@ def test_a_drop_record_is_not_applied_where_the_change_meets_another_state(make_
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
     assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
+
+
+def test_a_stop_of_two_kinds_says_each_file_and_each_step(make_proj):
+    """A conflict in one file and a collision in another: each file is named with its own
+    problem (once), and the steps say how to settle both."""
+    p = make_proj("mixed")
+    res = to(p, "1.1.0")
+    assert res.rc == 1
+    stop = json.loads(res.out)["stopped_at"]
+    assert stop["status"] == "collision"
+    assert [(x["path"], x["kind"], x["detail"]) for x in stop["problems"]] == [
+        (ADDED_TEST, "collision", "the change adds it, and vllm 1.1.0 now has its own, "
+                                  "different file"),
+        (CONNECTOR, "content", "vllm 1.1.0 and our change edit the same lines (1 conflict)"),
+    ]  # fmt: skip
+    steps = " ".join(stop["next_steps"])
+    assert "Resolve the conflict markers" in steps and "A file the change adds now" in steps
+    assert rebase(p, "--abort").rc == 0
+    out = rebase(p, "--to", "1.1.0", "--commit", p.upstream.releases["1.1.0"].commit,
+                 "--index-url", p.index.url).out  # fmt: skip
+    assert out.count("edit the same lines") == 1 and out.count("its own, different file") == 1
 
 
 def test_a_resolution_is_proven_before_it_is_recorded(make_proj):

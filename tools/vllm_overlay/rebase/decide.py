@@ -57,6 +57,7 @@ class Outcome:
     state: str
     reason: str = ""
     files: list[str] = field(default_factory=list)  # the files behind a stop
+    problems: dict[str, str] = field(default_factory=dict)  # path -> "kind: what happened"
     hunks: dict[str, str] = field(default_factory=dict)  # path -> conflict regions (diff3)
     candidates: dict[str, list[list]] = field(default_factory=dict)  # moved: path -> [[p, %]]
     notes: list[str] = field(default_factory=list)
@@ -230,6 +231,7 @@ def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: 
         kinds = {v.split(":", 1)[0] for v in problems.values()}
         o.state = MOVED if MOVED in kinds else COLLISION if COLLISION in kinds else CONFLICT
         o.files = sorted(problems)
+        o.problems = {p: problems[p] for p in o.files}
         o.reason = "; ".join(f"{p}: {problems[p].split(': ', 1)[1]}" for p in o.files)
         return o  # merged: the files that did merge (a stop writes them for the person)
     if all(o.merged[p] == state.get(p) for p in change.files):

@@ -125,7 +125,7 @@ def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> 
 def _public_stop(ctx: Ctx, w: walk_.Walk) -> dict:
     stop = dict(w.stop or {})
     problems = [
-        {"path": p, "kind": _kind(stop, p), "detail": stop["reason"],
+        {"path": p, **_problem(stop, p),
          "candidates": [{"path": c[0], "similarity": c[1]}
                         for c in stop.get("candidates", {}).get(p, [])]}
         for p in stop.get("files", [])
@@ -146,10 +146,19 @@ def _public_stop(ctx: Ctx, w: walk_.Walk) -> dict:
     }
 
 
-def _kind(stop: dict, path: str) -> str:
-    if stop["kind"] == "moved":
-        return "renamed" if stop.get("candidates", {}).get(path) else "deleted"
-    return "content" if stop["kind"] == "conflict" else stop["kind"]
+def _problem(stop: dict, path: str) -> dict[str, str]:
+    """What happened to one file of a stop: its kind (content, renamed, deleted, collision)
+    and what upstream did. A stop can mix kinds (0.34.0 deletes one file of
+    cpu-mamba-align-postprocess and edits our lines in another); a stop saved before the
+    walk kept each file's problem has only the stop's kind and reason."""
+    kind, _, detail = stop.get("problems", {}).get(path, "").partition(": ")
+    if not detail:
+        kind, detail = stop["kind"], stop["reason"]
+    if kind == "moved":
+        kind = "renamed" if stop.get("candidates", {}).get(path) else "deleted"
+    elif kind == "conflict":
+        kind = "content"
+    return {"kind": kind, "detail": detail}
 
 
 def next_steps(ctx: Ctx, pending: dict) -> list[str]:

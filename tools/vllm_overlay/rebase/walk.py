@@ -372,7 +372,8 @@ class Walker:
         w = self.walk
         more: dict = {"stop": True, "kind": kind}
         if outcome is not None:
-            more.update(files=outcome.files, hunks=outcome.hunks, candidates=outcome.candidates,
+            more.update(files=outcome.files, problems=dict(outcome.problems),
+                        hunks=outcome.hunks, candidates=outcome.candidates,
                         conflicted=self.blobs.keys(dict(outcome.conflicted)),
                         merged=self.blobs.keys(dict(outcome.merged)),
                         notes=list(outcome.notes))  # fmt: skip

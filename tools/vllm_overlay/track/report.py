@@ -69,7 +69,8 @@ def markdown(rep: dict) -> str:
             elif c.get("releases"):
                 steps = ", ".join(f"{v} {st}" for v, st in c["releases"].items())
                 extra.append(f"walk: {steps}")
-            if c.get("problems"):
+            if c.get("problems"):  # each file's problem: the reason, file by file
+                why = ""
                 extra += [f"{p['path']}: {p['kind']}: {p['detail']}" for p in c["problems"]]
             cell = "; ".join(x for x in [why, *extra] if x).replace("|", "\\|")
             out.append(f"| `{c['id']}` | {c['status']} | {cell} |")
