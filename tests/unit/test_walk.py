@@ -8,6 +8,7 @@ file), pinned to 1.0.0.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -417,7 +418,9 @@ def test_a_drop_a_person_made_is_not_asked_again(make_proj):
     data = json.loads(rec.read_text())
     assert (data["scope"], data["release"], data["key"]) == ("drop", "1.1.0", key)
     assert "passed against vllm 1.1.0" in data["proof"]
-    assert f"=== {CONNECTOR} (" in "".join(data["release_side"])
+    conn = (p.root / ".work" / "vllm" / CONNECTOR).read_bytes()  # 1.2.0's: 1.1.0's too
+    assert f"{CONNECTOR} sha256:{hashlib.sha256(conn).hexdigest()}\n" in data["release_side"]
+    assert f"{ADDED_TEST} absent\n" in data["release_side"]  # only hashes: no upstream text
     assert [x["id"] for x in overlay_toml(p)["dropped"]] == [CID]
     listed = json.loads(run_cli("status", "--json", cwd=p.root).out)["resolutions"]
     assert [(r["scope"], r["in"]) for r in listed if r["change"] == CID] == [("drop", "overlay")]

@@ -21,7 +21,7 @@ counts: a record never silently applies a wrong merge.
 
 A person who resolves a stop to upstream's code drops the change there; that too is recorded
 (scope ``drop``), keyed by the change's files on the three sides taken together (the
-release's, the base's, ours; a file absent on a side is marked so). A walk that meets the
+release's, the base's, ours: each file's sha256, or absent). A walk that meets the
 change in exactly that state drops it again, with the drop's proof (the change's tests on
 the pristine release), and asks nobody; a deleted file (a ``moved`` stop) is such a state too.
 
@@ -199,17 +199,13 @@ def whole_file(change: str, path: str, release: str, sides: tuple[bytes, bytes, 
 
 
 def side(files: Mapping[str, bytes | None]) -> str:
-    """The change's files on one side of a drop record, as one text: each path in order, with
-    its length (so no file's text can pass for a header), or marked absent."""
-    out = []
-    for path in sorted(files):
-        data = files[path]
-        if data is None:
-            out.append(f"=== {path} (absent)\n")
-        else:
-            text = data.decode(errors="surrogateescape")
-            out.append(f"=== {path} ({len(text)} characters)\n{text}\n")
-    return "".join(out)
+    """The change's files on one side of a drop record: a line per path, in order, with its
+    content's sha256 or "absent". Hashes, not texts: the record matches the same state all
+    the same, and the overlay carries no copy of vLLM's files."""
+    return "".join(
+        f"{path} {'absent' if files[path] is None else 'sha256:' + sha256_bytes(files[path])}\n"
+        for path in sorted(files)
+    )
 
 
 def drop(change: str, release: str, sides: tuple[Mapping, Mapping, Mapping]) -> Record:

@@ -232,9 +232,11 @@ def next_steps(ctx: Ctx, pending: dict) -> list[str]:
             "checkout holds."
         )
     steps.append(
-        "If upstream's code makes the change unneeded, leave the change's files as upstream "
-        f"{new} has them (a file the change adds: removed): the change drops here once its "
-        "tests pass without it, and the drop is recorded, so no walk asks it again."
+        "If upstream's code makes the change unneeded, leave each of the change's files as "
+        f"the checkout's HEAD has it ({new} with the changes before this one: `git -C {co} "
+        "checkout HEAD -- PATH`; a file the change adds or upstream deleted: removed): the "
+        "change drops here once its tests pass without it, and the drop is recorded, so no "
+        "walk asks it again."
     )
     steps.append(f"{go_on}; {back}.")
     return steps
