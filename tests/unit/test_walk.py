@@ -95,6 +95,16 @@ HISTORIES = {
             EXTRACT: BASE[EXTRACT].replace(EXTRACT_LINE, "    block_size = kv_cache.shape[1]\n"),
         },
     },
+    # As "own_fix" up to 1.1.0; 1.2.0 keeps that connector, and a conftest of upstream's
+    # breaks every test (the change's files are as at 1.1.0; its drop's proof fails there).
+    "own_fix_broken": {
+        "1.0.0": tree(),
+        "1.1.0": tree(CONN.replace(OLD_LINE, OWN_FIX)),
+        "1.2.0": {
+            **tree(CONN.replace(OLD_LINE, OWN_FIX)),
+            "tests/conftest.py": "raise RuntimeError('upstream broke the tests')\n",
+        },
+    },
     # 1.1.0 rewrites our line and adds its own file where we add our test: one stop, two
     # kinds (a conflict and a collision).
     "mixed": {
@@ -447,6 +457,30 @@ def test_a_drop_record_is_not_applied_where_the_change_meets_another_state(make_
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
     assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
+
+
+def test_a_drop_record_whose_proof_fails_asks_the_person(make_proj):
+    """A drop recorded at 1.1.0 meets the change in the same state at 1.2.0 (a direct jump),
+    where the drop's proof fails: the change is not dropped; the person is asked, and the
+    stop says why the record did not apply."""
+    p = make_proj("own_fix_broken")
+    assert to(p, "1.1.0").rc == 1
+    f = checkout(p) / CONNECTOR
+    text = f.read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
+    f.write_text(text[:start] + OWN_FIX + text[end:])
+    (checkout(p) / ADDED_TEST).unlink()
+    assert rebase(p, "--continue").rc == 0
+    [rec] = (p.overlay / "resolutions" / CID).glob("*.json")
+    q = make_proj("own_fix_broken")
+    (q.overlay / "resolutions" / CID).mkdir(parents=True)
+    (q.overlay / "resolutions" / CID / rec.name).write_bytes(rec.read_bytes())
+    res = to(q, "1.2.0", "--direct")
+    assert res.rc == 1
+    stop = json.loads(res.out)["stopped_at"]
+    assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.2.0", "conflict")
+    [note] = [n for n in stop["notes"] if "a person dropped it in this state" in n]
+    assert f"at vllm 1.1.0 (record {rec.stem[:12]}" in note and "proof fails here" in note
 
 
 def test_a_stop_of_two_kinds_says_each_file_and_each_step(make_proj):
