@@ -219,16 +219,19 @@ def checkout(p: Proj) -> Path:
     return p.root / ".work" / "vllm"
 
 
+def settle_conflict(f: Path, lines: str) -> None:
+    """The person's edit of a file with one conflict: ``lines`` in place of the markers."""
+    text = f.read_text()
+    end = ">>>>>>> our change\n"
+    start, stop = text.index("<<<<<<<"), text.index(end) + len(end)
+    f.write_text(text[:start] + lines + text[stop:])
+
+
 def resolve_stop(p: Proj) -> None:
     """The person's resolution of group-block-size at 1.1.0: upstream's int() and our group."""
-    f = checkout(p) / CONNECTOR
-    text = f.read_text()
-    assert "<<<<<<< vllm 1.1.0\n" in text
-    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n")
-    end += len(">>>>>>> our change\n")
-    fixed = ("        self._block_size = int(getattr(cache_config, 'group_block_size', "
-             "cache_config.block_size))\n")  # fmt: skip
-    f.write_text(text[:start] + fixed + text[end:])
+    assert "<<<<<<< vllm 1.1.0\n" in (checkout(p) / CONNECTOR).read_text()
+    settle_conflict(checkout(p) / CONNECTOR, "        self._block_size = int(getattr("
+                    "cache_config, 'group_block_size', cache_config.block_size))\n")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,10 +373,7 @@ def test_the_same_conflict_is_asked_once(make_proj):
     assert change["releases"]["1.1.0"] == "record"
     assert rep["proof_releases"].keys() == {"1.1.0"}  # its tests ran there, with the record
     # settle the second change, then the overlay has the whole resolution of the first
-    f = checkout(p) / EXTRACT
-    text = f.read_text()
-    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
-    f.write_text(text[:start] + "    block_size = kv_cache.shape[1]  # ours\n" + text[end:])
+    _settle_second(p)
     res = rebase(p, "--continue", "--json")
     assert res.rc == 0, res.err
     assert "# checked against 1.1.0" in p.change_file(ADDED_TEST).read_text()
@@ -381,10 +381,27 @@ def test_the_same_conflict_is_asked_once(make_proj):
 
 
 def _settle_second(p: Proj) -> None:
-    f = checkout(p) / EXTRACT
-    text = f.read_text()
-    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
-    f.write_text(text[:start] + "    block_size = kv_cache.shape[1]  # ours\n" + text[end:])
+    settle_conflict(checkout(p) / EXTRACT, "    block_size = kv_cache.shape[1]  # ours\n")
+
+
+def _take_upstreams_fix(p: Proj) -> None:
+    """The person drops group-block-size at the stop: upstream's own fix, our test removed."""
+    settle_conflict(checkout(p) / CONNECTOR, OWN_FIX)
+    (checkout(p) / ADDED_TEST).unlink()
+
+
+def _given_the_drop_record_of(make_proj, history: str, version: str, into: str = "") -> Proj:
+    """A new project pinned at 1.0.0 of ``into`` (default: ``history``), holding the record of
+    the drop a person made at ``version`` in a project of ``history``."""
+    p = make_proj(history)
+    assert to(p, version).rc == 1
+    _take_upstreams_fix(p)
+    assert rebase(p, "--continue").rc == 0
+    [rec] = (p.overlay / "resolutions" / CID).glob("*.json")
+    q = make_proj(into or history)
+    (q.overlay / "resolutions" / CID).mkdir(parents=True)
+    (q.overlay / "resolutions" / CID / rec.name).write_bytes(rec.read_bytes())
+    return q
 
 
 def test_a_drop_a_person_made_is_not_asked_again(make_proj):
@@ -399,11 +416,7 @@ def test_a_drop_a_person_made_is_not_asked_again(make_proj):
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
     assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
-    f = checkout(p) / CONNECTOR
-    text = f.read_text()
-    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
-    f.write_text(text[:start] + OWN_FIX + text[end:])  # upstream's code: the change drops
-    (checkout(p) / ADDED_TEST).unlink()
+    _take_upstreams_fix(p)  # upstream's code: the change drops
     res = rebase(p, "--continue", "--json")
     assert res.rc == 1
     assert f"recorded the drop of change {CID}" in res.err
@@ -441,18 +454,7 @@ def test_a_drop_a_person_made_is_not_asked_again(make_proj):
 def test_a_drop_record_is_not_applied_where_the_change_meets_another_state(make_proj):
     """The record of a drop at 1.1.0 of the "own_fix" history does not drop the change at
     the "stop" history's 1.1.0 (another conflict): there the person is asked."""
-    p = make_proj("own_fix")
-    assert to(p, "1.1.0").rc == 1
-    f = checkout(p) / CONNECTOR
-    text = f.read_text()
-    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
-    f.write_text(text[:start] + OWN_FIX + text[end:])
-    (checkout(p) / ADDED_TEST).unlink()
-    assert rebase(p, "--continue").rc == 0
-    [rec] = (p.overlay / "resolutions" / CID).glob("*.json")
-    q = make_proj("stop")
-    (q.overlay / "resolutions" / CID).mkdir(parents=True)
-    (q.overlay / "resolutions" / CID / rec.name).write_bytes(rec.read_bytes())
+    q = _given_the_drop_record_of(make_proj, "own_fix", "1.1.0", into="stop")
     res = to(q, "1.1.0")
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
@@ -463,18 +465,8 @@ def test_a_drop_record_whose_proof_fails_asks_the_person(make_proj):
     """A drop recorded at 1.1.0 meets the change in the same state at 1.2.0 (a direct jump),
     where the drop's proof fails: the change is not dropped; the person is asked, and the
     stop says why the record did not apply."""
-    p = make_proj("own_fix_broken")
-    assert to(p, "1.1.0").rc == 1
-    f = checkout(p) / CONNECTOR
-    text = f.read_text()
-    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
-    f.write_text(text[:start] + OWN_FIX + text[end:])
-    (checkout(p) / ADDED_TEST).unlink()
-    assert rebase(p, "--continue").rc == 0
-    [rec] = (p.overlay / "resolutions" / CID).glob("*.json")
-    q = make_proj("own_fix_broken")
-    (q.overlay / "resolutions" / CID).mkdir(parents=True)
-    (q.overlay / "resolutions" / CID / rec.name).write_bytes(rec.read_bytes())
+    q = _given_the_drop_record_of(make_proj, "own_fix_broken", "1.1.0")
+    [rec] = (q.overlay / "resolutions" / CID).glob("*.json")
     res = to(q, "1.2.0", "--direct")
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
@@ -512,10 +504,7 @@ def test_a_resolution_is_proven_before_it_is_recorded(make_proj):
     p = make_proj("stop")
     add_second_change(p)
     assert to(p, "1.2.0").rc == 1
-    f = checkout(p) / CONNECTOR
-    text = f.read_text()
-    start, end = text.index("<<<<<<<"), text.index(">>>>>>> our change\n") + 19
-    f.write_text(text[:start] + REWRITTEN.replace("\n", "  # group: see below\n") + text[end:])
+    settle_conflict(checkout(p) / CONNECTOR, REWRITTEN.replace("\n", "  # group: see below\n"))
     co = checkout(p)
     git = ["git", "-C", str(co)]
     subprocess.run([*git, "config", "user.name", "Ada Person"], check=True)

@@ -336,15 +336,19 @@ class Walker:
         if len(items) > 1:
             self.host.prove_drops(w.release, items)
 
+    def _prove_drop(self, cid: str) -> Proof | None:
+        """The change's tests (and upstream's of a backport) on this release without it."""
+        self._batch_drops(cid)
+        change, ours = self._as_carried(cid)
+        return self.host.prove_drop(self.walk.release, change, ours)
+
     def _drop(self, cid: str, o: decide.Outcome, proof: Proof | None = None,
               **more: object) -> None:  # fmt: skip
         """``proof``: the drop's, already run (a person's resolution to upstream's code, or
         their drop record's); ``more``: what the cell also says (the records)."""
         w = self.walk
         if proof is None:
-            self._batch_drops(cid)
-            change, ours = self._as_carried(cid)
-            proof = self.host.prove_drop(w.release, change, ours)
+            proof = self._prove_drop(cid)
         if proof is not None and not proof.ok:
             self._stop(cid, TESTS_FAILED, o.reason, proof=proof.to_json())
             return
@@ -452,9 +456,7 @@ class Walker:
         if rec is None:
             return False
         w = self.walk
-        self._batch_drops(cid)
-        change, ours = self._as_carried(cid)
-        proof = self.host.prove_drop(w.release, change, ours)
+        proof = self._prove_drop(cid)
         if proof is not None and not proof.ok:
             o.notes.append(f"a person dropped it in this state at {w.name} {rec.release} "
                            f"(record {rec.key[:12]}), but its drop's proof fails here: "
@@ -530,19 +532,9 @@ class Walker:
         if failed and (unproven is None or not changed):
             return proof  # a drop is always proven: --unproven carries a resolution only
         marks = _marks(proof, unproven)
-        shown = {**stop.get("merged", {}), **stop.get("conflicted", {})}
-        made: list[records.Record] = []
-        for p, data in files.items():
-            if data is None or p not in form.files:
-                continue
-            sides = (tree.get(p) or b"", self.blobs.get(form.before.get(p)) or b"",
-                     self.blobs.get(form.after.get(p)) or b"")  # fmt: skip
-            cf = stop.get("conflicted", {}).get(p)
-            if cf is not None:
-                made += records.derive(cid, p, w.release, self.blobs.get(cf), data, sides)  # type: ignore[arg-type]
-            elif data != self.blobs.get(shown.get(p)):  # the person edited a file that merged
-                made.append(records.whole_file(cid, p, w.release, sides, data))
-        if not changed:  # a drop: recorded by the change's whole state, so never asked again
+        if changed:
+            made = self._resolution_records(cid, files, tree)
+        else:  # a drop: recorded by the change's whole state, so never asked again
             made = [records.drop(cid, w.release, self._sides(cid))]
         self.made += [replace(r, **marks) for r in made]
         form.tests = tests
@@ -560,6 +552,25 @@ class Walker:
         if w.stop is None:
             w.next += 1
         return proof
+
+    def _resolution_records(self, cid: str, files: dict[str, bytes | None],
+                            tree: dict[str, bytes | None]) -> list[records.Record]:  # fmt: skip
+        """The records of a person's resolution of the stop: per conflicting hunk (or whole
+        file), and a whole-file record of each file that merged but that they edited."""
+        w, form, stop = self.walk, self.walk.forms[cid], self.walk.stop or {}
+        shown = {**stop.get("merged", {}), **stop.get("conflicted", {})}
+        made: list[records.Record] = []
+        for p, data in files.items():
+            if data is None or p not in form.files:
+                continue
+            sides = (tree.get(p) or b"", self.blobs.get(form.before.get(p)) or b"",
+                     self.blobs.get(form.after.get(p)) or b"")  # fmt: skip
+            cf = stop.get("conflicted", {}).get(p)
+            if cf is not None:
+                made += records.derive(cid, p, w.release, self.blobs.get(cf), data, sides)  # type: ignore[arg-type]
+            elif data != self.blobs.get(shown.get(p)):  # the person edited a file that merged
+                made.append(records.whole_file(cid, p, w.release, sides, data))
+        return made
 
     def _prove_resolution(self, cid: str, changed: dict[str, bytes | None], tests: list[str],
                           tree: dict[str, bytes | None], renames: dict[str, str]
