@@ -19,7 +19,12 @@ from synthetic import ADDED_TEST, CONNECTOR, IndexServer, Upstream, make_upstrea
 from vllm_overlay.main import main  # noqa: E402
 
 # Fixtures shared by unit and integration tests.
-pytest_plugins = ["fixtures_publish", "fixtures_build", "engine.fixtures_engine"]
+pytest_plugins = [
+    "fixtures_publish",
+    "fixtures_build",
+    "fixtures_cpusource",
+    "engine.fixtures_engine",
+]
 
 
 def pytest_addoption(parser):

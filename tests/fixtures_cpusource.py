@@ -7,11 +7,21 @@ from __future__ import annotations
 import hashlib
 import io
 import shutil
+import sys
 import tarfile
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
-from synthetic import release_files
-from vllm_overlay.pin.lockfile import SourceInput
+from conftest import pinned_project
+from fixtures_build import build_args, torch_stub
+from synthetic import ARM, make_upstream, release_files
+from vllm_overlay.pin.artifacts import cached_path
+from vllm_overlay.pin.debian import as_artifact
+from vllm_overlay.pin.lockfile import SourceBuild, SourceInput, read_lock, write_lock
+from vllm_overlay.wheel.cpuedits import machine_target
+
+LINUX_X86 = "linux_x86_64"
 
 CPU_REQS = (
     "torch==2.11.0+cpu\n"
@@ -25,10 +35,76 @@ GATE = (
     '    message(FATAL_ERROR "X86 backend requires gcc/g++ >= 12.3")\nendif()\n'
 )
 
+# The parts of vLLM's cmake/cpu_extension.cmake and csrc/cpu/ that the CPU build edits, laid out
+# as vLLM 0.32.0 to 0.34.0 have them: the GCC gate, the oneDNN block, the three x86 extensions
+# (each linking dnnl_ext, dnnl_kernels.cpp in their sources), the oneDNN ops' registration,
+# and a header that includes torch/all.h.
+CPU_EXTENSION_CMAKE = (
+    'if (CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|amd64" OR ENABLE_X86_ISA)\n'
+    "    set(ENABLE_X86_ISA ON)\n"
+    + "".join("    " + line + "\n" for line in GATE.splitlines())
+    + "endif()\n\n"
+    "# Build oneDNN for GEMM kernels\n"
+    "if (ENABLE_X86_ISA OR (ASIMD_FOUND AND NOT APPLE_SILICON_FOUND) OR POWER9_FOUND)\n"
+    "    FetchContent_MakeAvailable(oneDNN)\n"
+    '    add_library(dnnl_ext OBJECT "csrc/cpu/dnnl_helper.cpp")\n'
+    "    set(USE_ONEDNN ON)\n"
+    "else()\n"
+    "    set(USE_ONEDNN OFF)\n"
+    "endif()\n\n"
+    "if (ENABLE_X86_ISA)\n"
+    + "".join(
+        f"    set(VLLM_EXT_SRC_{isa}\n"
+        '        "csrc/cpu/cpu_attn.cpp"\n'
+        '        "csrc/cpu/dnnl_kernels.cpp"\n'
+        '        "csrc/cpu/torch_bindings.cpp")\n'
+        for isa in ("AVX512", "AVX2")
+    )
+    + "    set(_C_LIBS numa dnnl_ext)\n"
+    "    set(_C_AVX512_LIBS numa dnnl_ext)\n"
+    "    set(_C_AVX2_LIBS numa dnnl_ext)\n"
+    + "".join(
+        "    define_extension_target(\n"
+        f"        {name}\n"
+        "        DESTINATION vllm\n"
+        f"        SOURCES ${{VLLM_EXT_SRC_{isa}}}\n"
+        f"        LIBRARIES ${{{name}_LIBS}}\n"
+        "    )\n"
+        + (
+            '    target_compile_definitions(_C PRIVATE "-DCPU_CAPABILITY_AMXBF16")\n'
+            if name == "_C"
+            else ""
+        )
+        for name, isa in (("_C", "AVX512"), ("_C_AVX512", "AVX512"), ("_C_AVX2", "AVX2"))
+    )
+    + "else()\n"
+    "    define_extension_target(\n"
+    "        _C\n"
+    "        DESTINATION vllm\n"
+    "    )\n"
+    "endif()\n"
+)
+TORCH_BINDINGS = (
+    '#include "cpu/cpu_types.hpp"\n\n'
+    "TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {\n"
+    "  // Quantization\n"
+    "#if defined(__AVX512F__) || defined(__AVX2__) ||                               \\\n"
+    "    (defined(__aarch64__) && !defined(__APPLE__)) || defined(__powerpc64__) || \\\n"
+    "    defined(__riscv_v) || defined(__s390x__)\n"
+    "  // Helper function to release oneDNN handlers\n"
+    '  ops.def("release_dnnl_matmul_handler(int handler) -> ()",\n'
+    "          &release_dnnl_matmul_handler);\n"
+    "#endif\n"
+    "}\n"
+)
+CPU_TYPES = "#include <cstring>\n#include <immintrin.h>\n#include <torch/all.h>\n"
+
 # vLLM's setup.py where the driver depends on it, for the CPU project: the project's name
 # from pyproject.toml, the version from VLLM_VERSION_OVERRIDE (and vllm/_version.py), the
-# requirements from requirements/cpu.txt, the kernels from oneDNN's tree
-# (FETCHCONTENT_SOURCE_DIR_ONEDNN) into vllm/_C.abi3.so.
+# requirements from requirements/cpu.txt, and "kernels": one vllm/<name>.abi3.so for each x86
+# extension cmake/cpu_extension.cmake defines (an empty target makes nothing, as CMake's), each
+# saying what it was built with: oneDNN's tree (FETCHCONTENT_SOURCE_DIR_ONEDNN) where the oneDNN
+# block is on, the oneDNN ops where torch_bindings.cpp registers them, torch's headers.
 FAKE_CPU_SETUP_PY = """\
 import os
 import re
@@ -40,15 +116,27 @@ name = re.search(r'(?m)^name = "([^"]+)"', open("pyproject.toml").read()).group(
 version = os.environ["VLLM_VERSION_OVERRIDE"]
 with open("vllm/_version.py", "w") as f:
     f.write(f"__version__ = version = {version!r}\\n")
-onednn = os.environ["FETCHCONTENT_SOURCE_DIR_ONEDNN"]
-with open("vllm/_C.abi3.so", "wb") as f:
-    f.write(b"kernels built with " + open(os.path.join(onednn, "CMakeLists.txt"), "rb").read())
+cmake = open("cmake/cpu_extension.cmake").read()
+x86 = cmake[cmake.index("if (ENABLE_X86_ISA)\\n"):cmake.index("else()\\n    define_extension_target")]
+onednn = "if (FALSE)" not in cmake
+if onednn:
+    built = open(os.path.join(os.environ["FETCHCONTENT_SOURCE_DIR_ONEDNN"], "CMakeLists.txt")).read()
+else:
+    assert "FETCHCONTENT_SOURCE_DIR_ONEDNN" not in os.environ
+    assert "dnnl" not in x86, "a build without oneDNN still links or compiles it"
+    built = "no oneDNN\\n"
+ops = "#if 0" not in open("csrc/cpu/torch_bindings.cpp").read()
+headers = open("csrc/cpu/cpu_types.hpp").read().count("torch/all.h")
+exts = re.findall(r"define_extension_target\\(\\s*(\\w+)", x86)
+for ext in exts:
+    with open(f"vllm/{ext}.abi3.so", "w") as f:
+        f.write(f"{ext} built with {built}oneDNN ops: {ops}; torch/all.h: {headers}\\n")
 reqs = [line.split("#")[0].strip() for line in open("requirements/cpu.txt")]
 setup(
     name=name,
     version=version,
     packages=find_namespace_packages(include=["vllm*"]),
-    package_data={"vllm": ["_C.abi3.so"]},
+    package_data={"vllm": [f"{ext}.abi3.so" for ext in exts]},
     install_requires=[r for r in reqs if r],
 )
 """
@@ -76,7 +164,9 @@ def cpu_release(version: str) -> dict[str, str]:
         "pyproject.toml": FAKE_PYPROJECT,
         "requirements/cpu.txt": CPU_REQS,
         "requirements/build/cpu.txt": "setuptools\nwheel\ntorch==2.11.0+cpu\n",
-        "cmake/cpu_extension.cmake": GATE,
+        "cmake/cpu_extension.cmake": CPU_EXTENSION_CMAKE,
+        "csrc/cpu/torch_bindings.cpp": TORCH_BINDINGS,
+        "csrc/cpu/cpu_types.hpp": CPU_TYPES,
         "vllm/platforms/__init__.py": PLATFORMS_PY,
     }
 
@@ -98,3 +188,46 @@ needs_tools = pytest.mark.skipif(
     any(shutil.which(t) is None for t in ("c++", "cmake", "ninja")),
     reason="the CPU build's preflight needs c++, cmake and ninja on PATH",
 )
+# A test build compiles the extension vLLM imports on this machine: an x86 one with AVX2.
+needs_test_build = pytest.mark.skipif(
+    machine_target() is None, reason="a test build needs an x86 machine with AVX2 (/proc/cpuinfo)"
+)
+
+
+# -- the whole driver on the synthetic upstream ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cpu_vllm(tmp_path_factory):
+    return make_upstream(tmp_path_factory.mktemp("cpu-vllm"), trees={"1.0.0": cpu_release("1.0.0")},
+                         cpu={"1.0.0": (ARM,)})  # fmt: skip
+
+
+@pytest.fixture
+def cpu_project(cpu_vllm, tmp_path, monkeypatch):
+    """The project pinned to a release without an official x86_64 vllm-cpu wheel: its lock
+    pins vllm-cpu as built from source, with a synthetic oneDNN tarball in the cache; torch
+    a CPU stub on PYTHONPATH; numa.h where the compiler looks (CPATH)."""
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "cpu-torch", cuda=None)))
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "numa.h").write_text("/* libnuma's header, as libnuma-dev installs it */\n")
+    monkeypatch.setenv("CPATH", str(include))
+    with pinned_project(cpu_vllm, tmp_path / "project") as p:
+        constraints = p.root / "constraints" / "build-vllm-cpu-1.0.0.txt"
+        constraints.parent.mkdir(exist_ok=True)
+        constraints.write_text("setuptools\nwheel\n")
+        blob, si = onednn_tarball()
+        dest = cached_path(as_artifact(si))
+        dest.parent.mkdir(parents=True)
+        dest.write_bytes(blob)
+        lock = read_lock(p.lock)
+        sb = SourceBuild("vllm-cpu", "x86_64", "constraints/build-vllm-cpu-1.0.0.txt",
+                         hashlib.sha256(constraints.read_bytes()).hexdigest(), (si,))  # fmt: skip
+        write_lock(p.lock, replace(lock, sources=(sb,)))
+        yield p
+
+
+def cpu_args(p, out: Path, *extra: str) -> list[str]:
+    args = build_args(p, out, "--python", sys.executable, *extra, variant="vllm-cpu")
+    return [*args, "--platform", LINUX_X86]

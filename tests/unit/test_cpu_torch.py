@@ -13,8 +13,8 @@ from packaging.requirements import Requirement
 from vllm_overlay.errors import BuildError
 from vllm_overlay.pin.lockfile import SourceBuild, SourceInput
 from vllm_overlay.util import sha256_file
-from vllm_overlay.wheel import cpusource, cputorch
-from vllm_overlay.wheel.cpusource import CpuBuild
+from vllm_overlay.wheel import cpuedits, cputorch
+from vllm_overlay.wheel.cpusource import CpuSourceBuild
 
 GCC = "c++ (Debian 12.2.0-14+deb12u1) 12.2.0"
 # The torch lines of vLLM 0.33.0's requirements/cpu.txt (requirements/build/cpu.txt has the same).
@@ -56,20 +56,20 @@ def test_the_requirements_ask_for_the_torch_the_index_serves(tmp_path):
     assert cputorch.edit_requirements(tmp_path) == []  # a second run changes nothing
 
 
-def _build(tmp_path: Path, pin: str) -> tuple[CpuBuild, Path]:
+def _build(tmp_path: Path, pin: str) -> tuple[CpuSourceBuild, Path]:
     (tmp_path / "constraints").mkdir(exist_ok=True)
     c = tmp_path / "constraints" / "build-vllm-cpu-0.33.0.txt"
     c.write_text(f"cmake==4.4.5\n{pin}\n")
     sb = SourceBuild("vllm-cpu", "x86_64", "constraints/build-vllm-cpu-0.33.0.txt",
                      sha256_file(c), (ONEDNN,))  # fmt: skip
-    return CpuBuild(sb, GCC, cuda_torch=cputorch.is_cuda_torch(c)), c
+    return CpuSourceBuild(sb, GCC, cuda_torch=cputorch.is_cuda_torch(c)), c
 
 
-def _torch_problems(build: CpuBuild, root: Path, version: str, cuda: str | None) -> list[str]:
+def _torch_problems(build: CpuSourceBuild, root: Path, version: str, cuda: str | None) -> list[str]:
     reqs = [Requirement(CPU_REQS.splitlines()[0])]
-    out = cpusource.preflight(build, root=root, platform_tag="manylinux_2_28_x86_64", env={},
-                              torch_version=version, torch_cuda=cuda, build_requirements=reqs,
-                              machine="x86_64")  # fmt: skip
+    out = build.preflight(root=root, platform_tag="manylinux_2_28_x86_64", env={},
+                          torch_version=version, torch_cuda=cuda, build_requirements=reqs,
+                          machine="x86_64")  # fmt: skip
     return [p for p in out if "torch" in p]
 
 
@@ -89,19 +89,17 @@ def test_preflight_takes_the_cuda_torch_only_where_the_build_is_made_for_it(tmp_
 def test_the_cmake_run_and_the_record_follow_the_torch_build(tmp_path):
     cuda, _ = _build(tmp_path, "torch==2.14.0")
     root = tmp_path / "root"
-    cmd = cpusource.cpu_command(python="/env/bin/python", tree=tmp_path, dist_dir=tmp_path,
-                                version="0.33.0+ovl.1.gabc.src", build=cuda, root=root,
-                                onednn_dir=root / "onednn")  # fmt: skip
+    cmd = cuda.command(python="/env/bin/python", tree=tmp_path, dist_dir=tmp_path,
+                       version="0.33.0+ovl.1.gabc.src", root=root)  # fmt: skip
     assert cmd.env["CMAKE_ARGS"] == f"-DTorch_DIR={root / cputorch.TORCH_DIR}"
     assert "CMAKE_ARGS" not in cmd.unset
     assert set(cputorch.edits()) <= set(cuda.key_settings()["tree_edits"])
     cpu, _ = _build(tmp_path, "torch==2.13.0+cpu")
-    cmd = cpusource.cpu_command(python="/env/bin/python", tree=tmp_path, dist_dir=tmp_path,
-                                version="0.32.0+ovl.1.gabc.src", build=cpu, root=root,
-                                onednn_dir=root / "onednn")  # fmt: skip
+    cmd = cpu.command(python="/env/bin/python", tree=tmp_path, dist_dir=tmp_path,
+                      version="0.32.0+ovl.1.gabc.src", root=root)  # fmt: skip
     assert "CMAKE_ARGS" not in cmd.env and "CMAKE_ARGS" in cmd.unset
     # a +cpu build records exactly what it recorded before this module existed
-    assert cpu.key_settings()["tree_edits"] == list(cpusource.tree_edits(GCC))
+    assert cpu.key_settings()["tree_edits"] == list(cpuedits.tree_edits(GCC))
 
 
 def test_our_torch_config_includes_torchs_own_through_the_env_link(tmp_path):

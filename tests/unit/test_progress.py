@@ -221,3 +221,22 @@ def test_a_stopped_suite_run_leaves_no_pytest_running(tmp_path):
     assert runner.returncode != 0
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the child is gone (stopped and reaped by the tool)
+
+
+def test_a_build_that_numbers_its_steps_says_which_step_it_is_at(tmp_path):
+    """Off a terminal, each "still running" line names the child's last "[n/N]" step (Ninja's,
+    and so CMake's and vLLM's setup.py's): a compile of 493 objects shows how far it got."""
+    import io
+
+    from vllm_overlay.progress import Status
+
+    out = io.StringIO()
+    status = Status("setup.py", tmp_path / "log", interval=0.0, stream=out)
+    status.start()
+    status.output("-- Configuring done")
+    status.output("[3/43] Building CXX object CMakeFiles/_C.dir/csrc/cpu/activation.cpp.o")
+    status.output("../../csrc/cpu/shm.cpp:148:48: warning: compound assignment")
+    lines = out.getvalue().splitlines()
+    assert not lines[1].endswith(", at step 3 of 43 (log: " + str(tmp_path / "log") + ")")
+    assert lines[-1].startswith("setup.py: still running after ")
+    assert ", at step 3 of 43 (log: " in lines[-1]  # a later line without a step keeps it

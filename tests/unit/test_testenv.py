@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from vllm_overlay import util
-from vllm_overlay.envs import childenv, testenv
+from vllm_overlay.envs import childenv, testenv, tritoncpu
 from vllm_overlay.errors import BusyError, OverlayError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def fake_build(calls: list[str]):
         python = staging / testenv.VENV / "bin" / "python"
         python.parent.mkdir(parents=True)
         python.write_text("")
-        return {"recipe_hash": rec.hash, "torch_version": "2.13.0+cpu"}
+        return {"recipe_hash": rec.hash, "torch_version": "2.13.0+cpu", "triton_interpret": False}
 
     return build
 
@@ -131,6 +131,42 @@ def test_hf_cache_holds_the_opt_125m_config(tmp_path):
     config = json.loads(models["facebook/opt-125m"])
     assert config["model_type"] == "opt"
     assert config["architectures"] == ["OPTForCausalLM"]
+
+
+def test_a_tree_that_requires_triton_on_x86_gets_the_test_backend_and_a_cpu_version(tmp_path):
+    """vLLM 0.34.0 refuses x86 without Triton's CPU backend, and takes one only where the
+    distribution named vllm says "+cpu": a tree that refuses gets both (and Triton itself);
+    every process of its environment runs under Triton's interpreter."""
+    old = released_tree(tmp_path / "old")
+    (old / "vllm" / "platforms").mkdir(parents=True)
+    (old / "vllm" / "platforms" / "cpu.py").write_text("class CpuPlatform: ...\n")
+    plain = testenv.recipe(old)
+    assert (
+        plain.triton_files == () and plain.cpu_version == "" and not testenv.needs_triton_cpu(old)
+    )
+    assert "triton" not in plain.install_args(Path("p"), Path("r"))
+    new = released_tree(tmp_path / "new")
+    (new / "vllm" / "platforms").mkdir(parents=True)
+    (new / "vllm" / "platforms" / "cpu.py").write_text(
+        'raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")\n'
+    )
+    rec = testenv.recipe(new)
+    assert testenv.needs_triton_cpu(new) and rec.cpu_version == "9.9.9+cpu"
+    assert dict(rec.triton_files) == dict(tritoncpu.FILES) and rec.hash != plain.hash
+    shim = tomllib.loads(dict(rec.triton_files)["pyproject.toml"])
+    assert shim["project"]["entry-points"]["triton.backends"] == {
+        "cpu": "vllm_overlay_triton_cpu_shim"
+    }
+    marker = tomllib.loads(dict(testenv.version_marker_files(rec.cpu_version))["pyproject.toml"])
+    assert marker["project"]["name"] == "vllm" and marker["project"]["version"] == "9.9.9+cpu"
+    assert marker["tool"]["setuptools"]["packages"] == []  # metadata only: vLLM is the tree's
+    local = [Path("shim"), Path("marker")]
+    args = rec.install_args(Path("plugin"), Path("reqs.txt"), None, local)
+    assert args[-3:] == ["triton", "shim", "marker"]
+    env = testenv.TestEnv(path=tmp_path / "e", python=tmp_path / "e/venv/bin/python",
+                          recipe_hash="0" * 16, torch_version="x", triton_interpret=True)  # fmt: skip
+    assert env.environ(tmp_path / "w", new)["TRITON_INTERPRET"] == "1"
+    assert "TRITON_INTERPRET" not in an_env(tmp_path).environ(tmp_path / "w2", old)
 
 
 # ---- the environment of a run -------------------------------------------------------------
@@ -301,6 +337,7 @@ def test_freeze_writes_sorted_pins_without_the_generated_plugin(tmp_path):
     (env.path / testenv.FREEZE).write_text(
         "torch==2.13.0+cpu\nNumPy==2.3.5\n"
         f"{testenv.PLUGIN_DIST} @ file:///tmp/src/{testenv.PLUGIN_DIST}\naiohttp==3.13.3\n"
+        f"{tritoncpu.DIST} @ file:///tmp/src/triton_cpu_shim\nvllm @ file:///tmp/src/marker\n"
     )
     text = testenv.freeze_constraints(env, testenv.recipe(released_tree(tmp_path / "t")))
     assert text.startswith("# The CPU test environment of vllm 9.9.9")

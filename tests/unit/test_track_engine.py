@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import Proj, git_out, run_cli, write_overlay
 from fixtures_build import torch_stub
-from fixtures_cpusource import cpu_release, needs_tools, onednn_tarball
+from fixtures_cpusource import cpu_release, needs_test_build, needs_tools, onednn_tarball
 from synthetic import ARM, X86, IndexServer, make_upstream
 from test_track import _commit_project
 from vllm_overlay.pin import sources
@@ -30,8 +30,8 @@ ENGINE_TEST = """\
 from pathlib import Path
 
 
-def test_the_engine_runs_our_wheel_built_from_source():
-    wheels = sorted(Path(".work/dist").glob("vllm_cpu-1.1.0+ovl.*.src-*.whl"))
+def test_the_engine_runs_the_test_build_of_our_wheel():
+    wheels = sorted(Path(".work/dist").glob("vllm_cpu-1.1.0+ovl.*.test-*.whl"))
     assert len(wheels) == 1, wheels
 """
 BROKEN = """\
@@ -92,8 +92,9 @@ def _report(p: Proj) -> tuple[dict, str]:
     ).read_text()
 
 
+@needs_test_build
 @needs_tools
-def test_ready_means_built_from_source_and_proven_in_the_engine(cpu_track):
+def test_ready_means_the_test_build_compiled_and_proven_in_the_engine(cpu_track):
     res = _track(cpu_track)
     assert res.rc == 0, res.out + res.err
     rep, md = _report(cpu_track)
@@ -103,12 +104,14 @@ def test_ready_means_built_from_source_and_proven_in_the_engine(cpu_track):
     e = rep["engine"]
     assert e["ok"] and e["source_builds"] == "vllm-cpu (x86_64)"
     (wheel,) = e["build"]["wheels"]
-    assert re.fullmatch(r"vllm_cpu-1\.1\.0\+ovl\.2\.g[0-9a-f]{8}\.src-.*\.whl", wheel["name"])
+    # the test build: this machine's one extension, no oneDNN (what CI can afford to compile)
+    assert re.fullmatch(r"vllm_cpu-1\.1\.0\+ovl\.2\.g[0-9a-f]{8}\.test-.*\.whl", wheel["name"])
     copy = Path(rep["worktree"])
     assert (copy / ".work" / "dist" / wheel["name"]).is_file()
     assert e["tests"]["ok"] and "1 passed" in e["tests"]["summary"]
     assert re.search(
-        r"^- built from source at 1\.1\.0: vllm-cpu \(x86_64\) in \d+ s \(`vllm_cpu-1\.1\.0\+ovl",
+        r"^- the test build \(this machine's extension, no oneDNN\) of vllm-cpu \(x86_64\) at "
+        r"1\.1\.0: compiled in \d+ s \(`vllm_cpu-1\.1\.0\+ovl",
         md, re.M,
     )  # fmt: skip
     assert re.search(r"^- engine tests at 1\.1\.0: passed in \d+ s \(1 passed", md, re.M)
@@ -116,6 +119,7 @@ def test_ready_means_built_from_source_and_proven_in_the_engine(cpu_track):
     assert "\n- built from source here: vllm-cpu (x86_64)\n" in md  # with the pin, at the top
 
 
+@needs_test_build
 @needs_tools
 def test_engine_tests_that_fail_at_the_target_need_a_person(cpu_track):
     (cpu_track.root / "tests" / "engine" / "test_engine.py").write_text(BROKEN)

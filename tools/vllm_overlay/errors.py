@@ -113,6 +113,12 @@ class UninstallableWheelError(PublishError):
     """A wheel an installer would refuse (unsafe member names, RECORD, .dist-info, WHEEL)."""
 
 
+class TestBuildError(PublishError):
+    """A test build (``build --test-build``: one extension, no oneDNN) asked to be published."""
+
+    __test__ = False  # not a test class, whatever pytest's collector thinks of its name
+
+
 class SuiteError(OverlayError):
     """The test suite could not be run or found new failures."""
 

@@ -43,6 +43,8 @@ GRACE = 10.0  # seconds a stopped child gets at each signal before the next
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"  # uv's
 SPINNER_ASCII = "|/-\\"  # pip's, where the terminal cannot show the other
 _ESCAPES = re.compile(rb"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[@-Z\\-_])")
+# A build step as Ninja (and so CMake) numbers it: "[123/493] Building CXX object …".
+_STEP = re.compile(r"^\[(\d+)/(\d+)\] ")
 
 
 def interval_default() -> float:
@@ -85,6 +87,7 @@ class Status:
         self.frames = SPINNER if enc == "utf8" else SPINNER_ASCII
         self.started = self._said = self._drawn = time.monotonic()
         self.last = ""
+        self.step = ""  # the child's last "[n/N]" build step (Ninja's), if it numbers them
         self.n = 0
         self._shown = False
 
@@ -96,6 +99,9 @@ class Status:
     def output(self, line: str) -> None:
         if line.strip():
             self.last = line.strip()
+            m = _STEP.match(self.last)
+            if m:
+                self.step = f"step {m.group(1)} of {m.group(2)}"
         self.poll()
 
     def poll(self) -> None:
@@ -105,7 +111,8 @@ class Status:
                 self._draw()
         elif not self.tty and now - self._said >= self.interval:
             self._said = now
-            self._say(f"{self.what}: still running after {self.so_far()} (log: {self.log})")
+            at = f", at {self.step}" if self.step else ""
+            self._say(f"{self.what}: still running after {self.so_far()}{at} (log: {self.log})")
 
     def end(self, text: str) -> None:
         if self._shown:

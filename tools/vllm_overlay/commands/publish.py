@@ -13,11 +13,12 @@ from typing import Literal
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-from vllm_overlay.errors import UninstallableWheelError, UsageError
+from vllm_overlay.errors import TestBuildError, UninstallableWheelError, UsageError
 from vllm_overlay.index.auth import redact
 from vllm_overlay.index.static import publish_to_directory
 from vllm_overlay.index.upload import ServerIndex, server_index, upload_to_server
 from vllm_overlay.index.wheels import PublishResult, WheelFile, read_wheels
+from vllm_overlay.wheel.provenance import test_build_of
 from vllm_overlay.wheel.verify import check_installable
 
 HELP = "publish wheels to a static index directory or an index server"
@@ -32,7 +33,8 @@ Publish built wheels to an internal package index. --to decides where:
                                 standard upload API (twine). The simple API is read from
                                 URL/simple/ unless --simple-url says otherwise.
 
-Every wheel is first checked as an installer would (member names inside the install,
+A test build (`build --test-build`, version +ovl….test) is refused. Every wheel is first
+checked as an installer would (member names inside the install,
 RECORD complete with hashes and sizes, one .dist-info with WHEEL); one bad wheel stops
 the whole publish before anything is written. A published file is never overwritten: the same file again is skipped, another file
 under a published name is refused. Server credentials come from the URL's user part,
@@ -79,6 +81,21 @@ def index_directory(to: str) -> Path | None:
     return Path(to)
 
 
+def shippable(wheels: Sequence[WheelFile]) -> list[WheelFile]:
+    """``wheels`` if none is a test build (``build --test-build``: this machine's one
+    extension, no oneDNN; made for the engine tests); else refuse them all, naming each."""
+    tests = [f"{w.path.name}: {why}" for w in wheels if (why := test_build_of(w.path))]
+    if tests:
+        raise TestBuildError(
+            "refusing to publish test builds (made for the engine tests on the machine that "
+            "built them, never for users):\n"
+            + "\n".join(f"  - {t}" for t in tests)
+            + "\nNothing was published. Publish the full build: `make build-wheel` "
+            "(`vllm-overlay build`, without --test-build)."
+        )
+    return list(wheels)
+
+
 def installable(wheels: Sequence[WheelFile]) -> list[WheelFile]:
     """``wheels`` if an installer would install every one; else refuse them all, naming each
     problem (before anything is written or uploaded)."""
@@ -104,7 +121,7 @@ def publish(
     server: ServerIndex | None = None
     if directory is None:
         server = server_index(to, simple_url)
-    checked = installable(read_wheels(wheels))
+    checked = installable(shippable(read_wheels(wheels)))
     if server is not None:
         return PublishReport(server.upload_url, "server", upload_to_server(checked, server))
     assert directory is not None

@@ -70,5 +70,7 @@ def run(args: argparse.Namespace) -> int:
     result = verify_wheel(path, expect, install=not args.no_install)
     for check in result.passed:
         print(f"ok  {check}")
+    for note in result.notes:
+        print(f"note: {note}")
     print(f"{path}: verified ({result.version})")
     return 0

@@ -25,6 +25,13 @@ What else goes in
   ``vllm.platforms.cpu.CpuPlatform``. Without it a source tree resolves no platform and
   vLLM's ``tests/conftest.py`` calls ``torch.accelerator.empty_cache()``, which raises on a
   machine without an accelerator;
+- for a tree that refuses x86 without Triton (vLLM 0.34.0 and later: "vLLM on x86 CPUs
+  requires Triton (triton-cpu)"; ``needs_triton_cpu``), what its platform detection reads to
+  take Triton's CPU backend: the test-only Triton backend named ``cpu``
+  (``envs/tritoncpu.py``; every process of the environment then runs under Triton's
+  interpreter, ``TRITON_INTERPRET=1``), and a metadata-only distribution named ``vllm`` whose
+  version carries ``+cpu`` (``vllm_version_matches_substr("cpu")``: vLLM itself still comes
+  from the tree). Without them every test that builds a config died at start;
 - a config-only Hugging Face cache for ``facebook/opt-125m`` (the model vLLM's connector
   tests build configs from). The hub is never contacted (``HF_HUB_OFFLINE=1``); without the
   cache every such test fails, and without offline mode each spends ~23 s in DNS retries.
@@ -39,13 +46,14 @@ from __future__ import annotations
 import email.parser
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import util
-from vllm_overlay.envs import envbuild, installer, layout
+from vllm_overlay.envs import envbuild, installer, layout, tritoncpu
 from vllm_overlay.envs.childenv import scratch_environ
 from vllm_overlay.envs.envbuild import (  # noqa: F401 (re-exported)
     CONSTRAINTS_DIR,
@@ -56,6 +64,7 @@ from vllm_overlay.envs.envbuild import (  # noqa: F401 (re-exported)
     root,
 )
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.wheel import cpuedits
 
 FORMAT = layout.FORMATS["test-env"]  # bumped there (the cache reads it)
 
@@ -107,6 +116,37 @@ def cpu_platform() -> str:
     ),
 )
 
+MARKER_DIST = "vllm"  # the metadata-only distribution (version "<release>+cpu")
+
+
+def needs_triton_cpu(tree: Path) -> bool:
+    """Whether vLLM at ``tree`` refuses to start on x86 without Triton's CPU backend."""
+    path = Path(tree) / cpuedits.CPU_PLATFORM
+    return path.is_file() and cpuedits.refuses_x86_without_triton(path.read_text(errors="replace"))
+
+
+def version_marker_files(version: str) -> tuple[tuple[str, str], ...]:
+    """A distribution named vllm with only metadata, at ``version`` (``0.34.0+cpu``)."""
+    return (
+        (
+            "pyproject.toml",
+            f"""\
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{MARKER_DIST}"
+version = "{version}"
+description = "Only metadata, written by vllm-overlay testenv: vLLM's CPU platform reads '+cpu' in the version of the distribution named vllm; vLLM itself comes from the tree on PYTHONPATH."
+
+[tool.setuptools]
+packages = []
+""",
+        ),
+    )
+
+
 # A config-only Hugging Face hub cache: the models vLLM's unit tests read configs of.
 HF_REVISION = "0" * 40
 HF_MODELS = (
@@ -157,10 +197,15 @@ class Recipe(envbuild.RecipeJson):
     upstream: str = ""  # "vllm 0.24.0", from the tree's PKG-INFO; "" when it has none
     constraints_file: str = ""  # e.g. constraints/testenv-vllm-0.24.0.txt; "": resolved freely
     constraints: str = ""  # that file's text: the exact set every build installs
+    # A tree that requires Triton on x86: the test-only backend's files and the version the
+    # metadata-only vllm distribution says ("0.34.0+cpu"); empty for other trees.
+    triton_files: tuple[tuple[str, str], ...] = ()
+    cpu_version: str = ""
 
     def install_args(
-        self, plugin_dir: Path, requirements_file: Path, constraints_file: Path | None = None
-    ) -> list[str]:
+        self, plugin_dir: Path, requirements_file: Path, constraints_file: Path | None = None,
+        local: Sequence[Path] = (),
+    ) -> list[str]:  # fmt: skip
         return [
             *(["-c", os.fspath(constraints_file)] if constraints_file else []),
             self.torch,
@@ -168,6 +213,8 @@ class Recipe(envbuild.RecipeJson):
             os.fspath(requirements_file),
             *self.test_tools,
             os.fspath(plugin_dir),
+            *(("triton",) if self.cpu_version else ()),  # the backend's own Triton (pinned)
+            *map(os.fspath, local),
         ]
 
 
@@ -181,6 +228,7 @@ class TestEnv:
     python: Path
     recipe_hash: str
     torch_version: str
+    triton_interpret: bool = False  # holds the test-only Triton backend: TRITON_INTERPRET=1
 
     def environ(self, workdir: Path, tree: Path) -> dict[str, str]:
         """The environment for running vLLM's pytest from ``tree`` with this env.
@@ -217,6 +265,8 @@ class TestEnv:
                 "RAY_USAGE_STATS_ENABLED": "0",
             }
         )
+        if self.triton_interpret:  # the "cpu" backend is there: its processes interpret
+            env[tritoncpu.INTERPRET[0]] = tritoncpu.INTERPRET[1]
         return env
 
 
@@ -287,7 +337,11 @@ def recipe(tree: Path, *, pinned: bool = True) -> Recipe:
         path = constraints_path(*release) if pinned else None
         if path is not None and path.is_file():
             cfile, ctext = f"{CONSTRAINTS_DIR}/{path.name}", path.read_text()
+    triton = needs_triton_cpu(tree)
+    version = release[1] if release is not None else "0"
     return Recipe(
+        triton_files=tritoncpu.FILES if triton else (),
+        cpu_version=f"{version}+cpu" if triton else "",
         format=FORMAT,
         python=PYTHON,
         torch=TORCH,
@@ -311,7 +365,7 @@ def lock_path(rec: Recipe) -> Path:
 
 def load(path: Path) -> TestEnv | None:
     """The complete environment at ``path``, or None when absent or unfinished."""
-    return envbuild.load_env(path, TestEnv, "torch_version")
+    return envbuild.load_env(path, TestEnv, "torch_version", "triton_interpret")
 
 
 def slot(rec: Recipe) -> str:
@@ -356,6 +410,16 @@ def _build(rec: Recipe, staging: Path) -> dict:
     plugin_dir = v.src / PLUGIN_DIST
     for name, text in rec.plugin_files:
         util.atomic_write_text(plugin_dir / name, text)
+    local: list[Path] = []
+    if rec.cpu_version:  # Triton's CPU backend (test-only) and what vLLM reads to take it
+        util.info(f"testenv: the tree requires Triton on x86: the test-only Triton backend "
+                  f"and a metadata-only {MARKER_DIST}=={rec.cpu_version}, under "
+                  f"{'='.join(tritoncpu.INTERPRET)}")  # fmt: skip
+        for rel, text in rec.triton_files:
+            util.atomic_write_text(v.src / tritoncpu.NAME / rel, text)
+        for rel, text in version_marker_files(rec.cpu_version):
+            util.atomic_write_text(v.src / "vllm-version-marker" / rel, text)
+        local = [v.src / tritoncpu.NAME, v.src / "vllm-version-marker"]
     requirements_file = v.src / "requirements.txt"
     util.atomic_write_text(requirements_file, "".join(f"{r}\n" for r in rec.requirements))
     constraints = v.constraints_args(rec.constraints)
@@ -365,7 +429,7 @@ def _build(rec: Recipe, staging: Path) -> dict:
     util.info(f"testenv: {v.installer.name} install {rec.torch} and {n - 1} other requirements")
     out = v.installer.install(
         v.python,
-        rec.install_args(plugin_dir, requirements_file, constraints_file),
+        rec.install_args(plugin_dir, requirements_file, constraints_file, local),
         v.env,
         hint=f"{v.installer.name} could not install the test environment; see its output "
         "above. Nothing was kept; run it again once the cause is fixed.",
@@ -377,13 +441,13 @@ def _build(rec: Recipe, staging: Path) -> dict:
         util.atomic_write_text(cache / "snapshots" / HF_REVISION / "config.json", config)
     return envbuild.finish_venv(
         v, staging, out, rec.to_json(), "testenv", recipe_hash=rec.hash,
-        torch_version=torch_version,
+        torch_version=torch_version, triton_interpret=bool(rec.cpu_version),
     )  # fmt: skip
 
 
 def freeze_constraints(env: TestEnv, rec: Recipe) -> str:
     """The constraints file text that pins ``env``'s packages (the generated plugin left out)."""
-    lines = envbuild.pinned_lines(env.path / FREEZE, [PLUGIN_DIST])
+    lines = envbuild.pinned_lines(env.path / FREEZE, [PLUGIN_DIST, tritoncpu.DIST, MARKER_DIST])
     head = (
         f"# The CPU test environment of {rec.upstream}: the exact set every build installs.\n"
         "# Generated by `vllm-overlay testenv --tree DIR --freeze`; regenerate it the same way\n"

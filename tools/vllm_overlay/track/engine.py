@@ -2,10 +2,13 @@
 
 Where the rebased ``upstream.lock`` pins vllm-cpu as built from source (``[[source]]``: the
 index has no official x86_64 wheel of the target), "ready" must mean proven in the engine,
-not only rebased: the tracking run compiles our vllm-cpu from the target's sdist in the copy
-(timed: the report says how long the build took), then runs the copy's own engine tests
-(``tests/engine``) at the target. A failure of either makes the run need a person, with the
-reason and the log that shows it.
+not only rebased: the tracking run compiles the test build of our vllm-cpu from the target's
+sdist in the copy (this machine's one extension, no oneDNN: minutes, not the full build's
+most of an hour; timed, the report says how long it took), then runs the copy's own engine
+tests (``tests/engine``) at the target, which take the test build too where the lock pins a
+source build (the same compiled objects, from the compiler cache). A failure of either makes
+the run need a person, with the reason and the log that shows it. The full build is
+``make build-wheel``'s, on the branch once it is merged.
 
 Where the lock keeps official CPU wheels, nothing runs here: CI's engine tests prove the
 branch as they prove every pull request.
@@ -36,10 +39,10 @@ def prove(
     project: Project, *, index_url: str | None, max_jobs: int | None,
     build_python: str | None = None,
 ) -> dict:  # fmt: skip
-    """Build what the lock pins as built from source (into ``.work/dist`` of the copy; with
-    ``build_python``, in that environment instead of one built from the release's
-    constraints file), then run the engine tests; returns the report's ``engine`` entry
-    (``ok``, ``build``, ``tests``)."""
+    """Compile the test build of what the lock pins as built from source (into
+    ``.work/dist`` of the copy; with ``build_python``, in that environment instead of one
+    built from the release's constraints file), then run the engine tests; returns the
+    report's ``engine`` entry (``ok``, ``build``, ``tests``)."""
     out: dict = {"source_builds": project.lock().source_line(), "ok": False}
     out["build"] = _build(project, index_url=index_url, max_jobs=max_jobs,
                           build_python=build_python)  # fmt: skip
@@ -62,7 +65,7 @@ def _build(
     lock = project.lock()
     platforms = tuple(p for s in lock.sources for p in source_platforms(lock, s.project))
     variants = tuple(dict.fromkeys(s.project for s in lock.sources))
-    info(f"building {lock.source_line()} from source for the engine proof")
+    info(f"compiling the test build of {lock.source_line()} for the engine proof")
     started = time.monotonic()
     try:
         result = build(
@@ -72,12 +75,12 @@ def _build(
                 platforms=platforms, index_url=index_url,
                 python=build_python or sys.executable,
                 build_env=None if build_python else build_env_python,
-                source=SourceSettings(max_jobs=max_jobs),
+                source=SourceSettings(max_jobs=max_jobs), test_build=True,
             ),
         )  # fmt: skip
     except OverlayError as e:
         seconds = time.monotonic() - started
-        info(f"the source build failed after {seconds:.0f} s")
+        info(f"the test build failed after {seconds:.0f} s")
         return {"ok": False, "seconds": round(seconds, 1), "error": str(e)}
     seconds = time.monotonic() - started
     wheels = [{"name": w.path.name, "up_to_date": w.up_to_date} for w in result.wheels]

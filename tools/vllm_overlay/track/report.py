@@ -171,9 +171,10 @@ def _engine(e: dict, version: str) -> list[str]:
     b = e.get("build") or {}
     if b.get("ok"):
         names = ", ".join(f"`{w['name']}`" for w in b.get("wheels", []))
-        out.append(f"- built from source at {version}: {builds} in {b['seconds']:.0f} s ({names})")
+        out.append(f"- the test build (this machine's extension, no oneDNN) of {builds} at "
+                   f"{version}: compiled in {b['seconds']:.0f} s ({names})")  # fmt: skip
     else:
-        out += [f"- **the source build of {builds} failed** after {b.get('seconds', 0):.0f} s:",
+        out += [f"- **the test build of {builds} failed** after {b.get('seconds', 0):.0f} s:",
                 "", "```", str(b.get("error", "")).rstrip(), "```"]  # fmt: skip
     t = e.get("tests")
     if t is not None:

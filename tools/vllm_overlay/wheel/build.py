@@ -14,6 +14,7 @@ partial in the output directory.
 from __future__ import annotations
 
 import dataclasses
+import platform
 import shutil
 import time
 from dataclasses import dataclass
@@ -30,9 +31,12 @@ from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import cached_path, ensure_artifact
 from vllm_overlay.pin.debian import ensure_source
 from vllm_overlay.pin.lockfile import DEFAULT_PLATFORM
+from vllm_overlay.pin.sources import VARIANT as CPU_VARIANT
+from vllm_overlay.pin.sources import machine_of
 from vllm_overlay.pin.trees import upstream_repo
 from vllm_overlay.util import exclusive_lock, info
-from vllm_overlay.wheel import cpusource, cputorch
+from vllm_overlay.wheel import cpuedits, cpusource, cputorch
+from vllm_overlay.wheel.cpusource import CpuSourceBuild
 from vllm_overlay.wheel.metadata import parse_name
 from vllm_overlay.wheel.output import place, refusal, scratch, up_to_date
 from vllm_overlay.wheel.plan import BuildOptions, BuildPlan, inputs, package_name, plan_build
@@ -101,10 +105,8 @@ class BuildResult:
 
 
 def tree_path(p: BuildPlan) -> Path:
-    """.work/build/<strategy>/vllm; vllm-cpu from source: .work/build/source-cpu/vllm."""
-    if p.cpu is not None:
-        return cpusource.build_root(p.project.work_dir) / "vllm"
-    return p.project.work_dir / "build" / p.choice.strategy / "vllm"
+    """.work/build/<strategy>/vllm; vllm-cpu from source: its own root's vllm/."""
+    return p.build_root / "vllm"
 
 
 def build_tree(p: BuildPlan, opts: BuildOptions) -> Path:
@@ -153,16 +155,9 @@ def _repack(p: BuildPlan, opts: BuildOptions, wheel: OfficialWheel, out_dir: Pat
     return repack(inp, out_dir, wheel)
 
 
-def setup_command(
-    p: BuildPlan, opts: BuildOptions, tree: Path, dist_dir: Path, python: str | None = None
-) -> SetupCommand:
-    if p.cpu is not None:
-        root = cpusource.build_root(p.project.work_dir)
-        return cpusource.cpu_command(
-            python=python or str(root / "env" / "bin" / Path(opts.python).name),
-            tree=tree, dist_dir=dist_dir, version=p.version, build=p.cpu, root=root,
-            onednn_dir=root / "onednn",
-        )  # fmt: skip
+def setup_command(p: BuildPlan, opts: BuildOptions, tree: Path, dist_dir: Path) -> SetupCommand:
+    """setup.py of the precompiled or the CUDA source build (the CPU source build's is its
+    own: ``CpuSourceBuild.command``)."""
     if p.choice.strategy == "precompiled":
         assert p.official is not None
         return precompiled_command(
@@ -177,19 +172,27 @@ def setup_command(
     )
 
 
-def cpu_preflight(p: BuildPlan, cmd: SetupCommand, *, probe_env: bool = True) -> list[str]:
-    """The CPU source build's preflight (``cpusource.preflight``); ``probe_env``: ask the
-    build environment's interpreter about torch (a dry run before it exists does not)."""
-    assert p.cpu is not None
+def _cpu_command(p: BuildPlan, cpu: CpuSourceBuild, python: str, tree: Path, dist_dir: Path):
+    return cpu.command(python=python, tree=tree, dist_dir=dist_dir, version=p.version,
+                       root=p.build_root)  # fmt: skip
+
+
+def cpu_preflight(
+    p: BuildPlan, cpu: CpuSourceBuild, cmd: SetupCommand, *, probe_env: bool = True
+) -> list[str]:
+    """The CPU source build's preflight (``CpuSourceBuild.preflight``); ``probe_env``: ask
+    the build environment's interpreter about torch (a dry run before it exists does not)."""
     reqs = build_requirements(p.tree_text(cpusource.BUILD_REQUIREMENTS))
     env = cmd.environment()
-    torch_version = torch_cuda = None
+    torch_version = torch_cuda = torch_target = None
     if probe_env:
         probe = probe_python(cmd.python, [r.name for r in reqs])
         torch_version, torch_cuda = probe.torch_version, probe.torch_cuda
-    problems = cpusource.preflight(
-        p.cpu, root=p.project.root, platform_tag=p.target.platform, env=env,
+        torch_target = probe.x86_target
+    problems = cpu.preflight(
+        root=p.project.root, platform_tag=p.target.platform, env=env,
         torch_version=torch_version, torch_cuda=torch_cuda, build_requirements=reqs,
+        torch_target=torch_target,
     )  # fmt: skip
     if not probe_env:
         problems = [x for x in problems if "torch" not in x and "build environment's PATH" not in x]
@@ -215,49 +218,52 @@ def _touches_requirements(p: BuildPlan) -> bool:
     )
 
 
-def _cpu_python(p: BuildPlan, opts: BuildOptions) -> str:
+def _cpu_python(p: BuildPlan, cpu: CpuSourceBuild, opts: BuildOptions) -> str:
     """The interpreter of the CPU build, through the build root's ``env`` link."""
-    assert p.cpu is not None
     python = opts.python
     if opts.build_env is not None:
-        python = opts.build_env(p.project.root / p.cpu.source.constraints)
-    return cpusource.link_env(cpusource.build_root(p.project.work_dir), python)
+        python = opts.build_env(p.project.root / cpu.source.constraints)
+    return cpusource.link_env(p.build_root, python)
 
 
-def _cpu_build(p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Path) -> Path:
-    """vllm-cpu from the sdist: preflight, oneDNN's source, the tree, setup.py, the wheel."""
-    assert p.cpu is not None
-    root = cpusource.build_root(p.project.work_dir)
-    early = cpu_preflight(p, setup_command(p, opts, Path("."), scratch_dir), probe_env=False)
+def _refuse(p: BuildPlan, problems: list[str]) -> PreflightError:
+    return PreflightError(
+        f"preflight for {p.target.variant} from source failed; nothing was built:\n"
+        + "\n".join(f"  - {x}" for x in problems)
+    )
+
+
+def _cpu_build(
+    p: BuildPlan, cpu: CpuSourceBuild, opts: BuildOptions, scratch_dir: Path, out_dir: Path
+) -> Path:
+    """vllm-cpu from the sdist: preflight, oneDNN's source (full build), the tree, setup.py,
+    the wheel. Says first what it compiles, roughly for how long, and where the log is."""
+    root = p.build_root
+    log = p.project.work_dir / "build" / "logs" / cpu.log_name
+    early = cpu_preflight(p, cpu, _cpu_command(p, cpu, opts.python, Path("."), scratch_dir),
+                          probe_env=False)  # fmt: skip
     if early:
-        raise PreflightError(
-            f"preflight for {p.target.variant} from source failed; nothing was built:\n"
-            + "\n".join(f"  - {x}" for x in early)
-        )
-    python = _cpu_python(p, opts)
-    cmd = setup_command(p, opts, Path("."), scratch_dir / "setup-dist", python)
-    problems = cpu_preflight(p, cmd)
+        raise _refuse(p, early)
+    info(f"compiling {cpu.describe()}: {cpu.estimate()}; log: {log}")
+    python = _cpu_python(p, cpu, opts)
+    cmd = _cpu_command(p, cpu, python, Path("."), scratch_dir / "setup-dist")
+    problems = cpu_preflight(p, cpu, cmd)
     if problems:
-        raise PreflightError(
-            f"preflight for {p.target.variant} from source failed; nothing was built:\n"
-            + "\n".join(f"  - {x}" for x in problems)
-        )
+        raise _refuse(p, problems)
     if shutil.which("ccache", path=cmd.env["PATH"]) is None:
         info("note: ccache is not on the build environment's PATH: compiling without a cache")
-    ensure_source(p.cpu.onednn)
-    onednn = cpusource.unpack_onednn(root, p.cpu.onednn)
+    if cpu.onednn is not None:
+        ensure_source(cpu.onednn)
+        cpusource.unpack_onednn(root, cpu.onednn)
     tree = build_tree(p, opts)
-    dropped = cpusource.edit_tree(tree, p.cpu.compiler, p.cpu.cuda_torch)
-    for line in dropped:
-        info(f"{cpusource.CPU_REQUIREMENTS}: dropped `{line}` (a URL no installer here reaches)")
-    if p.cpu.cuda_torch:
+    for line in cpu.edit_tree(tree):
+        info(f"{cpuedits.CPU_REQUIREMENTS}: dropped `{line}` (a URL no installer here reaches)")
+    if cpu.cuda_torch:
         info(f"torch: the index's CUDA build, found through {cputorch.write_config(root)}")
     cmd = dataclasses.replace(cmd, tree=tree)
-    cmd.env["FETCHCONTENT_SOURCE_DIR_ONEDNN"] = str(onednn)
-    info(f"running vLLM's setup.py (CPU, from source) in {tree}; compiler: {p.cpu.compiler}")
-    log = p.project.work_dir / "build" / "logs" / cpusource.LOG
+    info(f"running vLLM's setup.py (CPU, from source) in {tree}; compiler: {cpu.compiler}")
     built = run_setup(cmd, log)
-    cpusource.check_cpu_built(built, version=p.version)
+    cpu.check_built(built, version=p.version)
     return _finish_built(p, opts, built, out_dir)
 
 
@@ -283,7 +289,7 @@ def _setup_build(
     p: BuildPlan, opts: BuildOptions, scratch_dir: Path, out_dir: Path
 ) -> tuple[Path | None, Path]:
     if p.cpu is not None:
-        return None, _cpu_build(p, opts, scratch_dir, out_dir)
+        return None, _cpu_build(p, p.cpu, opts, scratch_dir, out_dir)
     probe_cmd = setup_command(p, opts, Path("."), scratch_dir)
     problems = preflight(p, opts, probe_cmd.environment())
     if problems:
@@ -327,7 +333,7 @@ def dry_run_text(p: BuildPlan, opts: BuildOptions) -> str:
     if p.official is not None and p.choice.strategy != "source":
         lines.append(f"official wheel: {p.official.filename} (sha256 {p.official.sha256})")
     if p.cpu is not None:
-        lines += cpu_dry_run_lines(p, opts)
+        lines += cpu_dry_run_lines(p, p.cpu, opts)
     elif p.choice.strategy in ("precompiled", "source"):
         tree = tree_path(p)
         cmd = setup_command(
@@ -340,31 +346,45 @@ def dry_run_text(p: BuildPlan, opts: BuildOptions) -> str:
     return "\n".join(lines)
 
 
-def cpu_dry_run_lines(p: BuildPlan, opts: BuildOptions) -> list[str]:
+def cpu_dry_run_lines(p: BuildPlan, cpu: CpuSourceBuild, opts: BuildOptions) -> list[str]:
     """The CPU source build's inputs, environment, command and preflight, for --dry-run."""
-    assert p.cpu is not None
-    sb, one = p.cpu.source, p.cpu.onednn
+    sb, one = cpu.source, cpu.onednn
     pinned = "upstream.lock [[source]]" if p.lock.source_build(sb.project, sb.machine) else (
         "the tool's defaults (upstream.lock pins the official wheel)")  # fmt: skip
     env_of = (f"the build environment of {sb.constraints}, built when the build runs"
               if opts.build_env is not None else opts.python)  # fmt: skip
+    onednn = "none (a test build)" if one is None else f"{one.label}, sha256 {one.sha256}" + (
+        "" if cpusource.is_cached(one) else " (not cached: fetched with apt-get source)")  # fmt: skip
     lines = [
+        f"compiles: {cpu.describe()}; {cpu.estimate()}",
+        f"log:      {p.project.work_dir / 'build' / 'logs' / cpu.log_name}",
         f"inputs ({pinned}):",
         f"  sdist:       {p.lock.sdist().filename} (sha256 {p.lock.sdist().sha256})",
-        f"  oneDNN:      {one.label}, sha256 {one.sha256}"
-        + ("" if cpusource.is_cached(one) else " (not cached: fetched with apt-get source)"),
+        f"  oneDNN:      {onednn}",
         f"  constraints: {sb.constraints} (sha256 {sb.constraints_sha256})",
         f"  environment: {env_of}",
-        f"  compiler:    {p.cpu.compiler or '(none found)'}",
-        f"  ccache:      {cpusource.ccache_dir(sb.machine, p.cpu.compiler)}",
+        f"  compiler:    {cpu.compiler or '(none found)'}",
+        f"  ccache:      {cpu.ccache()}",
+        *(
+            [
+                f"  beside it:   {', '.join(cpu.outside)} (its metadata cannot name it); without "
+                f"it {cpu.without_outside()}"
+            ]
+            if cpu.outside
+            else []
+        ),
         "tree edits:",
-        *[f"  {e}" for e in cpusource.tree_edits(p.cpu.compiler, p.cpu.cuda_torch)],
+        *[f"  {e}" for e in cpu.tree_edits()],
     ]
     tree = tree_path(p)
-    cmd = setup_command(p, opts, tree, p.project.work_dir / "build" / "tmp-XXXXXXXX" / "setup-dist")
+    python = opts.python  # through the build root's env link once the environment is built
+    if opts.build_env is not None:
+        python = str(p.build_root / "env" / "bin" / Path(opts.python).name)
+    cmd = _cpu_command(p, cpu, python, tree,
+                       p.project.work_dir / "build" / "tmp-XXXXXXXX" / "setup-dist")  # fmt: skip
     lines += ["", "# the environment and command:", cmd.render(), ""]
     # the interpreter itself (the build root's env link is made when the build runs)
-    problems = cpu_preflight(p, dataclasses.replace(cmd, python=opts.python),
+    problems = cpu_preflight(p, cpu, dataclasses.replace(cmd, python=opts.python),
                              probe_env=opts.build_env is None)  # fmt: skip
     lines.append("preflight: ok" if not problems else "preflight problems:")
     return lines + [f"  - {x}" for x in problems]
@@ -411,12 +431,17 @@ def _plans(project: Project, opts: BuildOptions) -> list[BuildPlan]:
     inp = inputs(project, opts)
     own = inp.lock.upstream.name
     variants, platforms = opts.variants, opts.platforms
-    if not variants and opts.strategy in ("precompiled", "source"):
+    if opts.test_build:
+        variants = _test_build_variants(variants)
+    elif not variants and opts.strategy in ("precompiled", "source"):
         variants = (own,)
-    if not platforms and opts.strategy == "source":
+    if not platforms and opts.strategy == "source" and not opts.test_build:
         platforms = (DEFAULT_PLATFORM,)
+    targets = select_targets(inp.lock, variants, platforms)
+    if opts.test_build and not platforms:  # built for this machine, whatever else is pinned
+        targets = [t for t in targets if machine_of(t.platform) == platform.machine()]
     plans: dict[str, BuildPlan] = {}
-    for t in select_targets(inp.lock, variants, platforms):
+    for t in targets:
         try:
             p = plan_build(project, opts, t, inp)
         except (BuildError, LockFileError) as e:
@@ -426,6 +451,17 @@ def _plans(project: Project, opts: BuildOptions) -> list[BuildPlan]:
             continue
         plans.setdefault(p.key, p)
     return list(plans.values())
+
+
+def _test_build_variants(variants: tuple[str, ...]) -> tuple[str, ...]:
+    """A test build is of vllm-cpu alone (the variant compiled here for the engine tests)."""
+    others = [v for v in variants if canonicalize_name(v) != CPU_VARIANT]
+    if others:
+        raise UsageError(
+            f"--test-build compiles {CPU_VARIANT} only (this machine's extension, no oneDNN: "
+            f"for the engine tests), not {', '.join(others)}; build those without it."
+        )
+    return (CPU_VARIANT,)
 
 
 def _up_to_date(out: Path, p: BuildPlan) -> Path | None:
@@ -472,6 +508,8 @@ def _build_one(
     checks = ", ".join(result.verified.passed) if result.verified else "none"
     info(f"built {dest.name} ({result.strategy}, {result.seconds:.1f} s)")
     info(f"verified: {checks}")
+    for note in result.verified.notes if result.verified else ():
+        info(f"note: {note}")
     return result
 
 

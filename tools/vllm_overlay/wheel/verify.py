@@ -83,6 +83,8 @@ class VerifyResult:
     version: str
     provenance: dict[str, Any] | None
     passed: list[str] = field(default_factory=list)
+    # What a user must know to run the wheel that no check can settle (install_notes).
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -141,7 +143,23 @@ def verify_wheel(
             _record(problems, result, "install", found)
     if problems:
         raise VerifyError(path, problems)
+    result.notes = install_notes(doc)
     return result
+
+
+def install_notes(doc: dict[str, Any] | None) -> list[str]:
+    """What the wheel needs beside it that its metadata does not name, and what fails
+    without it (its provenance's ``build_settings.install_beside``: vllm-cpu built here from
+    a tree that names triton-cpu by a URL)."""
+    beside = ((doc or {}).get("build_settings") or {}).get("install_beside")
+    if not beside:
+        return []
+    reqs = ", ".join(beside["requirements"])
+    return [
+        f"install {reqs} beside this wheel on x86 (vLLM names it by a URL on its git host, "
+        f"which this wheel's metadata leaves out; take it from where your site mirrors it); "
+        f"without it {beside['without_them']}"
+    ]
 
 
 def check_installable(path: Path) -> list[str]:
