@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import shutil
 import sys
 import tarfile
@@ -101,15 +102,18 @@ CPU_TYPES = "#include <cstring>\n#include <immintrin.h>\n#include <torch/all.h>\
 
 # vLLM's setup.py where the driver depends on it, for the CPU project: the project's name
 # from pyproject.toml, the version from VLLM_VERSION_OVERRIDE (and vllm/_version.py), the
-# requirements from requirements/cpu.txt, and "kernels": one vllm/<name>.abi3.so for each x86
-# extension cmake/cpu_extension.cmake defines (an empty target makes nothing, as CMake's), each
-# saying what it was built with: oneDNN's tree (FETCHCONTENT_SOURCE_DIR_ONEDNN) where the oneDNN
-# block is on, the oneDNN ops where torch_bindings.cpp registers them, torch's headers.
+# requirements from requirements/cpu.txt, and kernels: one vllm/<name>.abi3.so for each x86
+# extension cmake/cpu_extension.cmake defines (an empty target makes nothing, as CMake's), a
+# real shared library compiled with the machine's c++ (so auditwheel can tag the wheel) whose
+# one string says what it was built with: oneDNN's tree (FETCHCONTENT_SOURCE_DIR_ONEDNN) where
+# the oneDNN block is on, the oneDNN ops where torch_bindings.cpp registers them, torch's headers.
 FAKE_CPU_SETUP_PY = """\
 import os
 import re
+import subprocess
 
 from setuptools import find_namespace_packages, setup
+from setuptools.dist import Distribution
 
 assert os.environ["VLLM_TARGET_DEVICE"] == "cpu" and os.environ["VLLM_CPU_X86"] == "1"
 name = re.search(r'(?m)^name = "([^"]+)"', open("pyproject.toml").read()).group(1)
@@ -124,22 +128,42 @@ if onednn:
 else:
     assert "FETCHCONTENT_SOURCE_DIR_ONEDNN" not in os.environ
     assert "dnnl" not in x86, "a build without oneDNN still links or compiles it"
-    built = "no oneDNN\\n"
+    built = "no oneDNN; "
 ops = "#if 0" not in open("csrc/cpu/torch_bindings.cpp").read()
 headers = open("csrc/cpu/cpu_types.hpp").read().count("torch/all.h")
 exts = re.findall(r"define_extension_target\\(\\s*(\\w+)", x86)
 for ext in exts:
-    with open(f"vllm/{ext}.abi3.so", "w") as f:
-        f.write(f"{ext} built with {built}oneDNN ops: {ops}; torch/all.h: {headers}\\n")
+    said = f"{ext} built with {built.strip()} oneDNN ops: {ops}; torch/all.h: {headers}"
+    with open(f"{ext}.cpp", "w") as f:
+        f.write('extern "C" const char* vllm_overlay_built = "' + said.replace('"', "'") + '";\\n')
+    subprocess.run(["c++", "-shared", "-fPIC", "-o", f"vllm/{ext}.abi3.so", f"{ext}.cpp"],
+                   check=True)
 reqs = [line.split("#")[0].strip() for line in open("requirements/cpu.txt")]
+
+
+class Compiled(Distribution):  # a platform wheel, as vLLM's (kernels inside)
+    def has_ext_modules(self):
+        return True
+
+
 setup(
     name=name,
     version=version,
     packages=find_namespace_packages(include=["vllm*"]),
     package_data={"vllm": [f"{ext}.abi3.so" for ext in exts]},
     install_requires=[r for r in reqs if r],
+    distclass=Compiled,
 )
 """
+
+
+def built_with(data: bytes) -> str:
+    """What a fake kernel of FAKE_CPU_SETUP_PY says it was built with."""
+    m = re.search(rb"(_C\w* built with [^\0]*)\0", data)
+    assert m, "not a kernel of the synthetic CPU project"
+    return m.group(1).decode()
+
+
 FAKE_PYPROJECT = '[build-system]\nrequires = ["setuptools"]\n\n[project]\nname = "vllm"\n'
 
 

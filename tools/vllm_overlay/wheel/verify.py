@@ -126,6 +126,8 @@ def verify_wheel(
         doc, prov_problems = _check_provenance(w)
         result.provenance = doc
         _record(problems, result, "provenance", prov_problems)
+        if ((doc or {}).get("build_settings") or {}).get("manylinux"):
+            _run_step("manylinux", lambda: _check_manylinux(w), problems, result)
         if expect is not None:
             _run_step("changes", lambda: _check_changes(w, doc, expect), problems, result)
             strategy = (doc or {}).get("strategy")
@@ -302,6 +304,20 @@ def _check_dist_info(w: _Wheel) -> list[str]:
     if w.read(f"{dirs[0]}/WHEEL") is None:
         out.append(f"{dirs[0]}/WHEEL is missing")
     return out
+
+
+def _check_manylinux(w: _Wheel) -> list[str]:
+    """A wheel we compiled and gave a manylinux tag: auditwheel finds it consistent with the
+    tag its file name claims (``wheel/manylinux.py``)."""
+    from vllm_overlay.wheel import manylinux
+
+    claimed = w.name.tags.rsplit("-", 1)[-1]  # manylinux1_x86_64.manylinux_2_5_x86_64: aliases
+    found = manylinux.consistent_tag(w.path)
+    if found not in claimed.split("."):
+        return [
+            f"the file name claims {claimed}; auditwheel finds the wheel consistent with {found}"
+        ]
+    return []
 
 
 def _check_metadata(w: _Wheel) -> list[str]:

