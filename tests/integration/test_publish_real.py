@@ -19,6 +19,8 @@ from fixtures_publish import (
     pip_download,
     sha256_of,
 )
+from isolation import SHARED_CACHE_LOCK_TIMEOUT
+from vllm_overlay.pin.lockfile import read_lock
 
 pytestmark = pytest.mark.usefixtures("publish_env")
 
@@ -27,7 +29,11 @@ def build_real_wheel(out: Path) -> Path:
     """The real built wheel: VLLM_OVERLAY_REAL_WHEEL if set, else `vllm-overlay build` now."""
     if REAL_WHEEL:
         return Path(REAL_WHEEL)
-    env = {**os.environ, "VLLM_OVERLAY_CACHE": REAL_CACHE}
+    env = {
+        **os.environ,
+        "VLLM_OVERLAY_CACHE": REAL_CACHE,
+        "VLLM_OVERLAY_LOCK_TIMEOUT": SHARED_CACHE_LOCK_TIMEOUT,
+    }
     proc = subprocess.run(
         [
             PY,
@@ -56,14 +62,15 @@ def test_publish_real_wheel(
     tmp_path: Path, publish_cli, serve, pypi: PyPI, credentials: None, publish_env
 ) -> None:
     wheel = build_real_wheel(tmp_path / "dist")
-    assert wheel.name.startswith("vllm-0.32.0+") and wheel.name.endswith(f"-{REAL_TAG}.whl")
+    version = read_lock(ROOT / "upstream.lock").upstream.version
+    assert wheel.name.startswith(f"vllm-{version}+") and wheel.name.endswith(f"-{REAL_TAG}.whl")
     digest = sha256_of(wheel)
     index = tmp_path / "index"
     assert publish_cli(wheel, "--to", index).rc == 0
     static = serve(index)
     dest = tmp_path / "from-static"
     got = pip_download(
-        publish_env, f"{static.url}simple/", "vllm==0.32.0", dest, *REAL_TAG_PIP_OPTIONS
+        publish_env, f"{static.url}simple/", f"vllm=={version}", dest, *REAL_TAG_PIP_OPTIONS
     )
     assert got.returncode == 0, got.stdout + got.stderr
     assert sha256_of(dest / wheel.name) == digest
