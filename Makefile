@@ -176,8 +176,8 @@ outlook: $(STAMP)
 
 # What the daily workflow runs (.github/workflows/track-upstream.yml): vllm-overlay exits 0 up
 # to date or ready for review, 1 needs a person (make itself exits 2 on any failure); the
-# report goes to $(TRACK_REPORT_DIR).
-track: $(STAMP)
+# report goes to $(TRACK_REPORT_DIR). Its engine proof may compile the test build: system-deps first.
+track: $(STAMP) system-deps
 	$(VO) track $(if $(TO),--to $(TO)) $(if $(SUITE),--suite) --report-dir $(TRACK_REPORT_DIR)
 
 bench: $(STAMP)
