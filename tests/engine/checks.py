@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.sessions import TOLERANCE
+from engine.sessions import CASES, TOLERANCE
 
 
 def assert_layers_right(checks: dict, where: str, tolerance: float = TOLERANCE) -> None:
@@ -53,11 +53,13 @@ def assert_generated(session, case: str) -> None:
     """Every request of ``case`` generated the model's own greedy choice at each step, given
     its tokens before it (a near tie excepted): no repeated or skipped token
     (vllm#56417, #56442: the proposer read only column 0 of sampled_token_ids)."""
+    asked = CASES[case]["max_tokens"]  # ignore_eos: every request generates exactly this many
     requests = session.requests(case)
     assert requests, f"{session.name}: case {case} generated nothing"
     for r in requests:
         out = r["checks"]["output"]
         where = f"{session.name}/{case}, request {r['request_id']}"
-        assert out["tokens"] == len(r["output"]) > 1, where
+        assert len(r["output"]) == asked, f"{where}: {len(r['output'])} of {asked} tokens"
+        assert out["tokens"] == asked, f"{where}: the reference compared {out['tokens']} tokens"
         wrong = [d for d in out["differ"] if d["rel_gap"] > NEAR_TIE]
         assert not wrong, f"{where}: {out}"

@@ -304,22 +304,42 @@ def tiny_models(env) -> dict[str, str]:
 
 
 def _write_models(env, dest: Path, key: str) -> None:
+    """Write the models into ``dest`` under the exclusive lock, unless another worker has: that
+    worker then holds the lock shared for its whole run (tiny_models), so waiting for the
+    exclusive lock would wait until it ends. So the lock is tried, not waited for, and the
+    models' index is looked for between the tries, up to the lock timeout."""
     from vllm_overlay import util
+    from vllm_overlay.errors import BusyError
 
-    with util.exclusive_lock(dest.with_suffix(".lock"), "the engine tests' tiny models"):
-        if not (dest / "models.json").is_file():
-            staging = dest.with_name(f"{key}.build")
-            shutil.rmtree(staging, ignore_errors=True)
-            out = subprocess.run(
-                [env.python, MODELS, staging], capture_output=True, text=True,
-                env=env.environ(staging.with_name(f"{key}.work")), check=False,
-            )  # fmt: skip
-            if out.returncode != 0:
-                raise RuntimeError(f"writing the tiny models failed:\n{out.stderr[-4000:]}")
-            written = {n: str(dest / Path(p).name) for n, p in json.loads(out.stdout).items()}
-            (staging / "models.json").write_text(json.dumps(written))
-            shutil.rmtree(dest, ignore_errors=True)
-            os.replace(staging, dest)
+    what = "the engine tests' tiny models"
+    deadline = time.monotonic() + util.lock_timeout()
+    while True:
+        try:
+            with util.exclusive_lock(dest.with_suffix(".lock"), what, timeout=0):
+                if not (dest / "models.json").is_file():
+                    _write_models_locked(env, dest, key)
+                return
+        except BusyError:
+            if (dest / "models.json").is_file():  # written by the worker that holds the lock
+                return
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def _write_models_locked(env, dest: Path, key: str) -> None:
+    staging = dest.with_name(f"{key}.build")
+    shutil.rmtree(staging, ignore_errors=True)
+    out = subprocess.run(
+        [env.python, MODELS, staging], capture_output=True, text=True,
+        env=env.environ(staging.with_name(f"{key}.work")), check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"writing the tiny models failed:\n{out.stderr[-4000:]}")
+    written = {n: str(dest / Path(p).name) for n, p in json.loads(out.stdout).items()}
+    (staging / "models.json").write_text(json.dumps(written))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(staging, dest)
 
 
 @dataclass
