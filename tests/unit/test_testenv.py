@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -165,7 +167,25 @@ def test_a_tree_that_requires_triton_on_x86_gets_the_test_backend_and_a_cpu_vers
     assert args[-3:] == ["triton", "shim", "marker"]
     env = testenv.TestEnv(path=tmp_path / "e", python=tmp_path / "e/venv/bin/python",
                           recipe_hash="0" * 16, torch_version="x", triton_interpret=True)  # fmt: skip
-    assert env.environ(tmp_path / "w", new)["TRITON_INTERPRET"] == "1"
+    with pytest.raises(OverlayError, match="no vllm metadata"):  # the marker not installed
+        env.environ(tmp_path / "w", new)
+    site = tmp_path / "e/venv/lib/python3.11/site-packages"
+    (site / "vllm-9.9.9+cpu.dist-info").mkdir(parents=True)
+    (site / "vllm-9.9.9+cpu.dist-info/METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9+cpu\n"
+    )
+    # a vLLM sdist's tree carries its own metadata, without "+cpu" (0.34.0 took no Triton so)
+    (new / "vllm" / "__init__.py").write_text("")
+    (new / "vllm.egg-info").mkdir()
+    (new / "vllm.egg-info/PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n"
+    )
+    environ = env.environ(tmp_path / "w", new)
+    assert environ["TRITON_INTERPRET"] == "1"
+    code = "import importlib.metadata as m, vllm; print(m.version('vllm'), vllm.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
+                         text=True, cwd=tmp_path, check=True).stdout.split()  # fmt: skip
+    assert out == ["9.9.9+cpu", str((new / "vllm/__init__.py").resolve())]
     assert "TRITON_INTERPRET" not in an_env(tmp_path).environ(tmp_path / "w2", old)
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 import email.parser
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,9 +252,12 @@ class TestEnv:
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         env.update({k: os.fspath(v) for k, v in dirs.items()})
+        path = [os.fspath(tree)]
+        if self.triton_interpret:  # the version vLLM reads, ahead of the tree's own metadata
+            path.insert(0, os.fspath(self._version_marker(workdir)))
         env.update(
             {
-                "PYTHONPATH": os.fspath(tree),
+                "PYTHONPATH": os.pathsep.join(path),
                 "PATH": os.pathsep.join([os.fspath(self.python.parent), env.get("PATH", "")]),
                 "HF_HOME": os.fspath(self.path / HF_HOME),
                 "HF_HUB_OFFLINE": "1",
@@ -268,6 +272,23 @@ class TestEnv:
         if self.triton_interpret:  # the "cpu" backend is there: its processes interpret
             env[tritoncpu.INTERPRET[0]] = tritoncpu.INTERPRET[1]
         return env
+
+    def _version_marker(self, workdir: Path) -> Path:
+        """A directory holding only the metadata-only vllm distribution's dist-info (version
+        "<release>+cpu"), to put ahead of the tree on PYTHONPATH: a vLLM sdist's tree carries
+        its own ``vllm.egg-info`` (version "<release>"), which importlib.metadata would find
+        first, and vLLM would not take the Triton CPU backend. It holds no package, so it
+        shadows nothing of the tree's."""
+        found = sorted(self.path.glob(f"venv/lib/python*/site-packages/{MARKER_DIST}-*.dist-info"))
+        if not found:
+            raise OverlayError(
+                f"the test environment {self.path} has no {MARKER_DIST} metadata (its recipe "
+                "asks for Triton's CPU backend); rebuild it: vllm-overlay testenv --rebuild"
+            )
+        dest = workdir / "vllm-version"
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(found[-1], dest / found[-1].name)
+        return dest
 
 
 def _requirement_lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
