@@ -154,7 +154,9 @@ def test_hidden_states_saved_from_a_cpu_cache(tmp_path, monkeypatch):
     num_tokens, blocks = 20, [5, 2]
     request = create_request(request_id=3, num_tokens=num_tokens)
     step = SchedulerOutput.make_empty()
-    step.scheduled_new_reqs = [NewRequestData.from_request(request, (blocks,))]
+    step.scheduled_new_reqs = [
+        NewRequestData.from_request(request, (blocks,), request.prefill_token_ids)
+    ]
     worker.bind_connector_metadata(scheduler.build_connector_meta(step))
     worker.wait_for_save()
     worker.clear_connector_metadata()
