@@ -363,7 +363,7 @@ def _orphan_locks(names: list[str]) -> list[str]:
 def check(parts: dict[str, dict], engine_env, model: str, where: Path) -> None:
     """Every file the parts got against the reference, in one ``driver.py --check`` (one
     Transformers load); into each part: ``checks`` per file, the ``token_ids`` they hold,
-    ``worst`` and ``wrong_files`` (a row not right)."""
+    ``worst`` and ``wrong_files`` (a row not right, or token ids not the prompt's)."""
     files = [{**f, "name": f"{part}/{f['name']}"}
              for part, out in parts.items() for f in out.get("files", [])]  # fmt: skip
     if not files:
@@ -384,8 +384,12 @@ def check(parts: dict[str, dict], engine_env, model: str, where: Path) -> None:
                 for k in ("rows", "right_rows", "zero_rows", "nan_rows")
             },  # fmt: skip
         }
+        out["worst"]["token_ids_wrong"] = sum(
+            not f["checks"]["token_ids_match"] for _, f in mine
+        )  # fmt: skip
         out["wrong_files"] = [name for name, f in mine
-                              if any(lay["right_rows"] != lay["rows"]
+                              if not f["checks"]["token_ids_match"]
+                              or any(lay["right_rows"] != lay["rows"]
                                      for lay in f["checks"]["layers"])]  # fmt: skip
 
 

@@ -44,15 +44,36 @@ def test_speculators_generates_the_hidden_states_the_model_computes(server_sessi
     assert spec["storage_left"] == []
 
 
+# What each probe of clients._probe_list gets from our wheel: 200, a file in the storage
+# directory (the id confined, a custom path ignored); 400, a client error and no file.
+PROBE_STATUS = {
+    "header-dot-dot": 200,
+    "header-absolute": 200,
+    "header-symlinked-dir": 200,
+    "body-request-id-dot-dot": 200,
+    "custom-path-disallowed": 200,
+    "custom-path-not-a-string": 200,
+    "header-too-long": 200,
+    "kv-transfer-params-not-an-object": 400,
+    "kv-transfer-params-list": 400,
+}
+
+
 @serve_on
 def test_no_client_writes_outside_the_storage_directory(server_session, runner):
     probes = server_session("ours-serve", runner)["probes"]
     assert probes["outside_storage"] == [] and probes["outside_dir"] == [], probes
+    assert {n: p["status"] for n, p in probes["probes"].items()} == PROBE_STATUS
     for name, p in probes["probes"].items():
         assert p["healthy_after"], (name, p)
-        if "path" in p:
-            assert p["in_storage"] and "read_error" not in p, (name, p)
-    assert probes["worst"]["right_rows"] == probes["worst"]["rows"], probes["worst"]
+        if PROBE_STATUS[name] == 200:
+            assert "path" in p and p["in_storage"] and "read_error" not in p, (name, p)
+        else:
+            assert "path" not in p, (name, p)
+    files = sorted(n for n, status in PROBE_STATUS.items() if status == 200)
+    assert sorted(probes["checks"]) == files
+    for name, checks in probes["checks"].items():
+        assert_layers_right(checks, f"probe {name}")
 
 
 @serve_on

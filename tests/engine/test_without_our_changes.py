@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 from engine.checks import assert_generated, assert_layers_right, assert_right
-from engine.clients import SERVER_RUNNERS
+from engine.clients import SERVER_RUNNERS, SPECULATORS_ROWS
 from engine.sessions import RUNNERS_OF
 
 
@@ -88,9 +88,13 @@ def test_speculators_files_are_right(server_session, runner):
     """speculators' pipeline against upstream 0.32.0: right rows (speculators#613's zeros
     came from vllm#46301, which 0.32.0 has)."""
     spec = server_session("without-serve", runner)["speculators"]
-    assert spec["files"], spec["generate"]["log_tail"]
+    assert spec["prepare"]["rc"] == 0, spec["prepare"]["log_tail"]
+    assert spec["generate"]["rc"] == 0, spec["generate"]["log_tail"]
+    assert len(spec["files"]) == len(SPECULATORS_ROWS)
+    assert spec["token_ids"] == sorted(SPECULATORS_ROWS)  # prepare-data shuffles the rows
     for name, checks in spec["checks"].items():
         assert_layers_right(checks, f"speculators file {name}")
+    assert spec["storage_left"] == []  # no aborts here: speculators moved every file
 
 
 @on("without-serve")

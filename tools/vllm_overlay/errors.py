@@ -127,6 +127,10 @@ class RebaseError(OverlayError):
     """A rebase stopped: conflict, collision, or an upstream fix that does not hold."""
 
 
+class ResolutionNotProvenError(RebaseError):
+    """A person's resolution of a stop fails the change's tests: it is not recorded."""
+
+
 class ChangeImportError(OverlayError):
     """An upstream change could not be imported: bad patch, unreachable host, or a stop."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.errors import RebaseError, UsageError
+from vllm_overlay.errors import RebaseError, ResolutionNotProvenError, UsageError
 from vllm_overlay.gitrepo import config_get, config_set, set_ref, show_bytes, uncommitted
 from vllm_overlay.overlay import history
 from vllm_overlay.overlay.checkout import APPLIED_REF, DIGEST_KEY, check_consistency
@@ -219,9 +219,6 @@ def _continue(ctx: Ctx, unproven: str | None = None) -> dict:
             _settle(ctx, walker, unproven)
     elif unproven is not None:
         raise UsageError("--unproven goes with a stop a person resolved; there is none now.")
-        st.walk = w.to_json()
-        st.status = "running"
-        ctx.save()
     return _advance(ctx, walker)
 
 
@@ -255,10 +252,6 @@ def _settle(ctx: Ctx, walker: walk.Walker, unproven: str | None = None) -> None:
         mark = " UNPROVEN (--unproven: its tests fail with it)" if unproven_ else ""
         info(f"recorded {len(walker.made)} resolution(s) of change {stop.get('id')}{mark}: a "
              "later walk that meets the same conflict applies them where its tests pass")  # fmt: skip
-
-
-class ResolutionNotProvenError(RebaseError):
-    """A person's resolution of a stop fails the change's tests: it is not recorded."""
 
 
 def _who(ctx: Ctx) -> str:
