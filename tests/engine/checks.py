@@ -6,9 +6,12 @@ from engine.sessions import CASES, TOLERANCE
 
 
 def assert_layers_right(checks: dict, where: str, tolerance: float = TOLERANCE) -> None:
-    """One file's figures: its token ids and, per extracted layer, no zero or NaN row and
-    each row within ``tolerance`` of the reference."""
+    """One file's figures: its token ids, a row per token and, per extracted layer, no zero
+    or NaN row and each row within ``tolerance`` of the reference."""
     assert checks["token_ids_match"], where
+    assert checks["shape"][0] == checks["tokens"], (
+        f"{where}: {checks['shape']} rows, {checks['tokens']} tokens"
+    )
     for layer in checks["layers"]:
         at = f"{where}, layer {layer['layer']}"
         assert layer["zero_rows"] == 0, f"{at}: {layer['zero_rows']} all-zero rows"

@@ -304,27 +304,17 @@ def tiny_models(env) -> dict[str, str]:
 
 
 def _write_models(env, dest: Path, key: str) -> None:
-    """Write the models into ``dest`` under the exclusive lock, unless another worker has: that
-    worker then holds the lock shared for its whole run (tiny_models), so waiting for the
-    exclusive lock would wait until it ends. So the lock is tried, not waited for, and the
-    models' index is looked for between the tries, up to the lock timeout."""
+    """Write the models into ``dest`` under the exclusive lock, unless another worker has:
+    that worker then holds the lock shared for its whole run (tiny_models), so the wait for
+    the exclusive lock ends as soon as the models are there (``unless``)."""
     from vllm_overlay import util
-    from vllm_overlay.errors import BusyError
 
-    what = "the engine tests' tiny models"
-    deadline = time.monotonic() + util.lock_timeout()
-    while True:
-        try:
-            with util.exclusive_lock(dest.with_suffix(".lock"), what, timeout=0):
-                if not (dest / "models.json").is_file():
-                    _write_models_locked(env, dest, key)
-                return
-        except BusyError:
-            if (dest / "models.json").is_file():  # written by the worker that holds the lock
-                return
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
+    there = (dest / "models.json").is_file
+    with util.exclusive_lock(
+        dest.with_suffix(".lock"), "the engine tests' tiny models", unless=there
+    ) as locked:
+        if locked and not there():
+            _write_models_locked(env, dest, key)
 
 
 def _write_models_locked(env, dest: Path, key: str) -> None:

@@ -167,25 +167,32 @@ def test_a_tree_that_requires_triton_on_x86_gets_the_test_backend_and_a_cpu_vers
     assert args[-3:] == ["triton", "shim", "marker"]
     env = testenv.TestEnv(path=tmp_path / "e", python=tmp_path / "e/venv/bin/python",
                           recipe_hash="0" * 16, torch_version="x", triton_interpret=True)  # fmt: skip
-    with pytest.raises(OverlayError, match="no vllm metadata"):  # the marker not installed
-        env.environ(tmp_path / "w", new)
-    site = tmp_path / "e/venv/lib/python3.11/site-packages"
+    assert env.environ(tmp_path / "w", new)["TRITON_INTERPRET"] == "1"
+    # vLLM reads that version in every process, even where its own tree, which carries the
+    # sdist's vllm.egg-info (no "+cpu"), is first on sys.path (pytest puts it there for the
+    # tests in it): the site's .pth puts the marker's metadata first.
+    site = tmp_path / "site"
     (site / "vllm-9.9.9+cpu.dist-info").mkdir(parents=True)
     (site / "vllm-9.9.9+cpu.dist-info/METADATA").write_text(
         "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9+cpu\n"
     )
-    # a vLLM sdist's tree carries its own metadata, without "+cpu" (0.34.0 took no Triton so)
+    testenv.put_version_first(site)
     (new / "vllm" / "__init__.py").write_text("")
     (new / "vllm.egg-info").mkdir()
     (new / "vllm.egg-info/PKG-INFO").write_text(
         "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n"
     )
-    environ = env.environ(tmp_path / "w", new)
-    assert environ["TRITON_INTERPRET"] == "1"
-    code = "import importlib.metadata as m, vllm; print(m.version('vllm'), vllm.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
-                         text=True, cwd=tmp_path, check=True).stdout.split()  # fmt: skip
-    assert out == ["9.9.9+cpu", str((new / "vllm/__init__.py").resolve())]
+    code = (
+        "import importlib.metadata as m, site, sys, vllm; {}"
+        "print(m.version('vllm'), m.version('VLLM'), vllm.__file__, sys.path[0] == '')"
+    )
+    run = [sys.executable, "-S", "-c"]  # -S: only the site dir named here; cwd (the tree) first
+    plain = subprocess.run([*run, code.format("")], capture_output=True, text=True, cwd=new,
+                           check=True).stdout.split()  # fmt: skip
+    assert plain[:2] == ["9.9.9", "9.9.9"]  # the tree's metadata: what vLLM saw before
+    first = subprocess.run([*run, code.format(f"site.addsitedir({str(site)!r}); ")],
+                           capture_output=True, text=True, cwd=new, check=True).stdout.split()  # fmt: skip
+    assert first == ["9.9.9+cpu", "9.9.9+cpu", str(new / "vllm/__init__.py"), "True"]
     assert "TRITON_INTERPRET" not in an_env(tmp_path).environ(tmp_path / "w2", old)
 
 
@@ -320,6 +327,37 @@ def test_a_second_builder_waits_then_gives_up(tmp_path, monkeypatch, capsys):
     other = make_tree(tmp_path / "other", COMMON + "einops\n")
     assert testenv.ensure_testenv(other).path.is_dir()  # another recipe does not wait
     assert testenv.ensure_testenv(tree).path.is_dir() and len(calls) == 2  # free again: built
+
+
+def test_a_builder_that_waited_takes_the_environment_another_made_and_holds(tmp_path, monkeypatch):
+    """Another process builds the environment and, once built, holds it shared for its whole
+    run: a process that found it missing and waits to build it takes it as soon as it is
+    complete (it waited for that process's run to end: the 0.34.0 integration tests hung)."""
+    import threading
+
+    from vllm_overlay.envs import envbuild
+
+    tree = make_tree(tmp_path / "tree")
+    calls: list[str] = []
+    monkeypatch.setattr(testenv, "_build", fake_build(calls))
+    final = testenv.ensure_testenv(tree).path  # made once, then moved aside: "not yet built"
+    envbuild.release(final.name)
+    final.rename(final.with_name("aside"))
+    monkeypatch.setenv("VLLM_OVERLAY_LOCK_TIMEOUT", "60")
+    lock = testenv.lock_path(testenv.recipe(tree))
+    got: list = []
+    with util.exclusive_lock(lock, "the other builder"):  # the other process builds...
+        waiter = threading.Thread(target=lambda: got.append(testenv.ensure_testenv(tree)))
+        waiter.start()
+        final.with_name("aside").rename(final)  # ...and is done
+    fd = util.shared_lock(lock, "the other builder's run")  # and holds it until its run ends
+    try:
+        waiter.join(timeout=30)
+        assert not waiter.is_alive(), "still waiting for the other process's run to end"
+    finally:
+        os.close(fd)
+        waiter.join()
+    assert got and got[0].path == final and len(calls) == 1  # taken, not built again
 
 
 # ---- pinned by constraints, built with uv -------------------------------------------------

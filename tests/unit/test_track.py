@@ -225,7 +225,10 @@ def test_killed_half_way_then_the_next_run_starts_clean(proj4, tmp_path):
     before = _person(proj4.root)
     marker = tmp_path / "proof-started"
     slow = tmp_path / "slow-python"
-    slow.write_text(f'#!/bin/sh\ntouch {marker}\nsleep 120\nexec {sys.executable} "$@"\n')
+    # it says its pid: the proof's pytest runs in a process group of its own (the runner's),
+    # which the kill of the tool's group does not reach
+    slow.write_text(f'#!/bin/sh\necho $$ > {marker}.tmp && mv {marker}.tmp {marker}\n'
+                    f'sleep 120\nexec {sys.executable} "$@"\n')  # fmt: skip
     slow.chmod(0o755)
     cmd = [sys.executable, "-m", "vllm_overlay", "track", "--index-url", proj4.index.url,
            "--test-python", str(slow)]  # fmt: skip
@@ -239,6 +242,10 @@ def test_killed_half_way_then_the_next_run_starts_clean(proj4, tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        if marker.exists():  # the proof's group too: nothing of the killed run left running
+            group = os.getpgid(int(marker.read_text()))
+            assert group != os.getpgrp()
+            os.killpg(group, signal.SIGKILL)
     assert (proj4.root / ".work/track/vllm-1.3.0/.work/rebase/state.json").is_file()
     assert _person(proj4.root) == before  # the person's checkout and main: untouched
     res = _track(proj4)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,18 +210,24 @@ def _lock_holder(fd: int) -> str:
     return text if text.isdigit() else "unknown"
 
 
-def _acquire(fd: int, op: int, lock_path: Path, what: str, limit: float) -> None:
+def _acquire(
+    fd: int, op: int, lock_path: Path, what: str, limit: float,
+    unless: Callable[[], bool] | None = None,
+) -> bool:  # fmt: skip
     """flock ``fd`` with ``op`` (LOCK_EX or LOCK_SH), waiting up to ``limit`` seconds and
-    saying once for what; BusyError after that."""
+    saying once for what; BusyError after that. True once locked; False, without the lock,
+    as soon as ``unless()`` holds while it waits."""
     deadline = time.monotonic() + limit
     said = False
     while True:
         try:
             fcntl.flock(fd, op | fcntl.LOCK_NB)
-            return
+            return True
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
+        if unless is not None and unless():
+            return False
         holder = _lock_holder(fd)
         left = deadline - time.monotonic()
         if left <= 0:
@@ -242,26 +248,34 @@ def _acquire(fd: int, op: int, lock_path: Path, what: str, limit: float) -> None
 
 @contextlib.contextmanager
 def exclusive_lock(
-    lock_path: str | os.PathLike[str], what: str, *, timeout: float | None = None
-) -> Iterator[None]:
+    lock_path: str | os.PathLike[str], what: str, *, timeout: float | None = None,
+    unless: Callable[[], bool] | None = None,
+) -> Iterator[bool]:  # fmt: skip
     """Hold an exclusive flock on ``lock_path`` (created if missing), waiting for it.
 
     The holder's pid is written into the lock file while it holds it (emptied again, with
     its old times, on release). A second process says once that it is
     "waiting for <what>, held by pid N" and waits up to ``timeout`` seconds (default:
     ``lock_timeout()``), then gives up with ``BusyError``; it never races on the same files.
+
+    ``unless``: for a cache entry that a process builds and then holds shared for its whole
+    run (``hold``), a check that the entry is there: a process waiting to build it stops
+    waiting as soon as it holds, without the lock, instead of waiting for the builder's run to
+    end. Yields True when the lock is held, False when ``unless`` ended the wait.
     """
     lock_path = Path(lock_path)
     limit = lock_timeout() if timeout is None else timeout
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        _acquire(fd, fcntl.LOCK_EX, lock_path, what, limit)
+        if not _acquire(fd, fcntl.LOCK_EX, lock_path, what, limit, unless):
+            yield False
+            return
         before = os.fstat(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
-            yield
+            yield True
         finally:
             # Released, the lock file is as it was (empty, same times): a no-op leaves no trace.
             os.ftruncate(fd, 0)

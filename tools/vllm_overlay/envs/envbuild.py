@@ -118,8 +118,11 @@ def ensure(
             util.touch(final)
             return final
     release(recipe_hash)  # this process's own shared lock would block its exclusive one
-    with util.exclusive_lock(lock_path(recipe_hash), what):
-        if rebuild or read_marker(final) is None:
+    # Another process that builds it holds it shared for its whole run once built: stop
+    # waiting as soon as it is complete (unless asked to build it anew).
+    built = None if rebuild else (lambda: read_marker(final) is not None)
+    with util.exclusive_lock(lock_path(recipe_hash), what, unless=built) as locked:
+        if locked and (rebuild or read_marker(final) is None):
             _build_into(final, recipe_hash, build, slot)
     hold(recipe_hash)
     if slot:

