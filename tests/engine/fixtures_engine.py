@@ -42,11 +42,19 @@ def pytest_addoption(parser):
     )
 
 
+# pytest-timeout counts a test's fixtures' setup too, and the first engine test of each worker
+# sets up the run's wheels (on a cold cache the test build's compile and the environments:
+# 10 minutes or more on a slow 2-core machine) before its own session: the bound is a guard
+# against a hang, not a time the machine must meet (CI's own limit is 90 minutes).
+ENGINE_TIMEOUT_S = 3600
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(str(item.fspath)).parent == Path(__file__).resolve().parent:
             item.add_marker(pytest.mark.network)
             item.add_marker(pytest.mark.engine)
+            item.add_marker(pytest.mark.timeout(ENGINE_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
