@@ -93,9 +93,31 @@ def consistent_tag(wheel: Path) -> str:
     if why:
         raise BuildError(f"cannot check {wheel.name}'s platform tag: {why}.")
     proc = run(sys.executable, "-m", "auditwheel", "show", str(wheel), env=_env(), check=False)
-    m = _CONSISTENT.search(" ".join((proc.stdout + proc.stderr).split()))
+    text = proc.stdout + proc.stderr
+    m = _CONSISTENT.search(" ".join(text.split()))
     if proc.returncode != 0 or not m:
-        raise BuildError(
-            f"auditwheel show {wheel.name} failed: {(proc.stdout + proc.stderr)[-800:]}"
-        )
-    return m.group(1)
+        raise BuildError(f"auditwheel show {wheel.name} failed: {text[-800:]}")
+    return _with_torch_outside(m.group(1), text)
+
+
+_CONSTRAINED = re.compile(r'constrains the platform tag to\s*"([^"]+)"')
+_REQUIRED = re.compile(r"external shared libraries are required by the wheel:\s*(\{.*?\})", re.S)
+
+
+def _with_torch_outside(found: str, text: str) -> str:
+    """``auditwheel show`` knows nothing of repair's ``--exclude``: torch's libraries, which
+    the wheel takes from the torch it requires, make it say ``linux_*``. Where those are the
+    only libraries outside the policy, the tag is the one the symbols the wheel uses allow
+    (its "constrains the platform tag to" line); any other outside library keeps ``found``."""
+    import fnmatch
+    import json
+
+    constrained, required = _CONSTRAINED.search(text), _REQUIRED.search(text)
+    if not found.startswith("linux_") or not constrained or not required:
+        return found
+    try:
+        libs = json.loads(required.group(1))
+    except ValueError:
+        return found
+    outside = [n for n in libs if not any(fnmatch.fnmatch(n, pat) for pat in EXCLUDE)]
+    return found if outside else constrained.group(1)
