@@ -97,27 +97,46 @@ def consistent_tag(wheel: Path) -> str:
     m = _CONSISTENT.search(" ".join(text.split()))
     if proc.returncode != 0 or not m:
         raise BuildError(f"auditwheel show {wheel.name} failed: {text[-800:]}")
-    return _with_torch_outside(m.group(1), text)
+    with zipfile.ZipFile(wheel) as zf:
+        grafted = {Path(n).name for n in zf.namelist() if ".libs/" in n and not n.endswith("/")}
+    return as_repaired(m.group(1), text, grafted)
 
 
 _CONSTRAINED = re.compile(r'constrains the platform tag to\s*"([^"]+)"')
 _REQUIRED = re.compile(r"external shared libraries are required by the wheel:\s*(\{.*?\})", re.S)
 
 
-def _with_torch_outside(found: str, text: str) -> str:
-    """``auditwheel show`` knows nothing of repair's ``--exclude``: torch's libraries, which
-    the wheel takes from the torch it requires, make it say ``linux_*``. Where those are the
-    only libraries outside the policy, the tag is the one the symbols the wheel uses allow
-    (its "constrains the platform tag to" line); any other outside library keeps ``found``."""
+# The libraries every manylinux policy allows (auditwheel's policy files list them).
+POLICY_LIBS = frozenset({
+    "libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libpthread.so.0",
+    "libdl.so.2", "librt.so.1", "libresolv.so.2", "libutil.so.1", "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
+})  # fmt: skip
+_VERSIONED = re.compile(r"([\w.+-]+\.so[\w.]*) with versions")
+
+
+def as_repaired(found: str, text: str, grafted: set[str]) -> str:
+    """The tag of a wheel ``repair`` made, from ``auditwheel show``'s ``text``, which knows
+    nothing of repair's choices and says ``linux_*`` for two of them: torch's libraries left
+    outside (``EXCLUDE``: the wheel takes them from the torch it requires) and the versioned
+    symbols of the libraries it grafted in (``grafted``, e.g. libnuma's). Where those are all
+    it found outside the policy, the tag is the one the symbols the wheel uses allow (its
+    "constrains the platform tag to" line); anything else keeps ``found``."""
     import fnmatch
     import json
 
-    constrained, required = _CONSTRAINED.search(text), _REQUIRED.search(text)
-    if not found.startswith("linux_") or not constrained or not required:
+    constrained = _CONSTRAINED.search(text)
+    if not found.startswith("linux_") or not constrained:
         return found
-    try:
-        libs = json.loads(required.group(1))
-    except ValueError:
+    required = _REQUIRED.search(text)
+    if required:
+        try:
+            libs = json.loads(required.group(1))
+        except ValueError:
+            return found
+        if [n for n in libs if not any(fnmatch.fnmatch(n, pat) for pat in EXCLUDE)]:
+            return found
+    versioned = set(_VERSIONED.findall(" ".join(text.split())))
+    if versioned - POLICY_LIBS - grafted:
         return found
-    outside = [n for n in libs if not any(fnmatch.fnmatch(n, pat) for pat in EXCLUDE)]
-    return found if outside else constrained.group(1)
+    return constrained.group(1)
