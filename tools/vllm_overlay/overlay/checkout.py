@@ -37,8 +37,8 @@ from vllm_overlay.gitrepo import (
     switch,
     uncommitted,
 )
+from vllm_overlay.overlay.commitwalk import TRAILER
 from vllm_overlay.overlay.model import Change, Overlay, overlay_digest, safe_join
-from vllm_overlay.overlay.walk import TRAILER
 from vllm_overlay.overlay.series import (  # check_consistency: re-exported for rebase
     PlannedChange,
     check_consistency,  # noqa: F401

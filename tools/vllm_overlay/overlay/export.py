@@ -1,7 +1,7 @@
 """Write overlay/ back from a checkout, deterministically (same tree, same bytes).
 
-Export walks the checkout's commits, one segment per change (overlay/walk.py). For each file
-a change lists: a file absent before the change is copied whole to
+Export walks the checkout's commits, one segment per change (overlay/commitwalk.py). For each
+file a change lists: a file absent before the change is copied whole to
 ``overlay/<change-id>/<path>``; any other becomes ``overlay/<change-id>/<path>.patch``, the
 ``git diff`` from the tree before the change to the tree after it, with pinned diff options
 and without the ``index`` line (no dates, no tool versions, no blob ids).
@@ -15,10 +15,10 @@ from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.gitrepo import Repo, changed_since, opened, run_git, show_bytes, untracked
+from vllm_overlay.overlay.commitwalk import Segment, walk_series
 from vllm_overlay.overlay.model import CONFIG_NAME, Overlay, overlay_files, safe_join
 from vllm_overlay.overlay.patches import canonical_diff
 from vllm_overlay.overlay.series import change_rel
-from vllm_overlay.overlay.walk import Segment, walk_series
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import BASE_REF
 from vllm_overlay.util import atomic_write_bytes
@@ -68,7 +68,7 @@ def changed_paths(repo: Repo, before: str, after: str | None = None) -> set[str]
 
 def expected_overlay(lock: Lock, overlay: Overlay, checkout: Path | Repo) -> dict[str, bytes]:
     """overlay-relative path -> bytes, as export would write them: each change's segment of
-    the checkout's history (see overlay/walk.py) against the tree before it."""
+    the checkout's history (see overlay/commitwalk.py) against the tree before it."""
     with opened(checkout) as repo:
         root = Path(repo.working_tree_dir or "")
         _base, segments = walk_series(root, overlay)
