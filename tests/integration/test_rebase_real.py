@@ -219,7 +219,7 @@ def walk_on(root: Path, rep: dict, upto: int = 10) -> dict:
         if rep["status"] == "complete" or not stop or stop["id"] not in RESOLUTIONS:
             return rep
         release, how, unproven = RESOLUTIONS[stop["id"]]
-        assert stop["status"] == "conflict" and stop["release"] == release, stop
+        assert stop["state"] == "conflict" and stop["release"] == release, stop
         resolve(root, stop, how)
         extra = ["--unproven", unproven] if unproven else []
         res = run_cli("rebase", "--continue", "--json", *extra, cwd=root)
@@ -238,7 +238,7 @@ def assert_agrees_with_outlook(root: Path, rep: dict, target: str) -> None:
                for o in col["outcomes"]}  # fmt: skip
     compared = 0
     for c in rep["cells"]:
-        if c["state"] in ("stopped", "resolved", "record"):
+        if c.get("stop") or c["state"] in ("resolved", "record"):
             break
         assert outlook[(c["id"], c["release"])] == c["state"], c
         compared += 1
@@ -259,7 +259,7 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
     rep = rebase(root, "0.28.0", "--commit", COMMITS["0.28.0"], rc=1)
     assert rep["path"] == ["0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0"]
     stop = rep["stopped_at"]
-    assert (stop["id"], stop["release"], stop["status"]) == (
+    assert (stop["id"], stop["release"], stop["state"]) == (
         "cpu-gdn-ssm-state-float32", "0.26.0", "conflict")  # fmt: skip
     assert_dropped_with_proof(rep, "0.25.0", IN_0_25)
     assert_agrees_with_outlook(root, rep, "0.28.0")
@@ -298,7 +298,7 @@ def test_real_walk_0_24_to_0_28(tmp_path: Path):
     assert (stop2["id"], stop2["release"]) == ("cpu-gdn-decode-state-indices", "0.27.0")
     assert any("the change's tests fail with them" in n for n in stop2["notes"]), stop2
     assert {"0.26.0", "0.27.0"} <= set(rep2["proof_releases"])  # the records' tests ran
-    assert rep2["stops"] == [{"release": "0.27.0", "id": stop2["id"], "kind": "conflict"}]
+    assert rep2["stops"] == [{"release": "0.27.0", "id": stop2["id"], "state": "conflict"}]
 
 
 @pytest.mark.releases
@@ -318,7 +318,7 @@ def test_real_walk_0_24_to_0_33(tmp_path: Path):
     stop = rep["stopped_at"]
     print("walk to 0.33.0, first stop:", stop["id"], stop["release"],
           "test environments (s)", rep["proof_releases"])  # fmt: skip
-    assert (stop["id"], stop["release"], stop["status"]) == (
+    assert (stop["id"], stop["release"], stop["state"]) == (
         "hidden-states-connector-cpu-cache", "0.30.0", "conflict")  # fmt: skip
     dropped = {d["id"]: d["release"] for d in rep["dropped"]}
     assert dropped == {**dict.fromkeys(IN_0_25, "0.25.0"),
@@ -329,7 +329,7 @@ def test_real_walk_0_24_to_0_33(tmp_path: Path):
     res = run_cli("outlook", "--json", cwd=root)
     targets = {t["version"]: t for t in json.loads(res.out)["targets"]}
     assert targets["0.33.0"]["walk"][0] == {"release": "0.30.0", "id": stop["id"],
-                                            "kind": "conflict"}  # fmt: skip
+                                            "state": "conflict"}  # fmt: skip
     res = run_cli("rebase", "--abort", cwd=root)
     assert res.rc == 0, res.err[-4000:]
     assert tomllib.loads((root / "upstream.lock").read_text())["upstream"]["version"] == "0.24.0"

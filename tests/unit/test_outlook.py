@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import tree_snapshot
 from synthetic import CONNECTOR
-from vllm_overlay.rebase import decide, sdist, walk
+from vllm_overlay.rebase import decide, releasewalk, sdist, walkdata
 
 
 def _outlook(cli, project, *args):
@@ -36,7 +36,7 @@ def test_matrix_over_every_newer_release(cli, project):
     # each target and the direct jumps, which repeat its decisions, say nothing.
     said = [ln for ln in res.err.splitlines() if ln.startswith(("vllm 1.", "  group-block-size"))]
     assert said == ["vllm 1.1.0 (1/2)", "  group-block-size: refreshed: " + states["1.1.0"]["reason"],
-                    "vllm 1.2.0 (2/2)", "  group-block-size: unresolved (stop): "
+                    "vllm 1.2.0 (2/2)", "  group-block-size: conflict (stop): "
                     + states["1.2.0"]["reason"].splitlines()[0]]  # fmt: skip
     # It never writes upstream.lock, overlay/ or a checkout.
     assert tree_snapshot(project.root) == before
@@ -227,12 +227,19 @@ class _Host:
 
     def __init__(self, releases: dict[str, dict[str, bytes]]) -> None:
         self.releases = releases
+        self.timings: dict[str, float] = {}
 
     def files(self, version, paths):
         return {p: self.releases[version].get(p) for p in paths}
 
     def names(self, version):
         return frozenset(self.releases[version])
+
+    def tree(self, version):
+        raise AssertionError("the outlook writes no checkout")
+
+    def prove_drops(self, version, items):
+        pass
 
     def prove_drop(self, version, change, ours):
         return None
@@ -258,19 +265,19 @@ def test_the_walk_takes_the_series_in_order_on_one_file():
     rewritten = shifted.replace(b"line 5\n", b"line 5 upstream\n")  # the first conflicts
     host = _Host({"1.0": {"f.py": old}, "2.0": {"f.py": shifted}, "3.0": {"f.py": rewritten},
                   "4.0": {"f.py": shifted}})  # fmt: skip
-    blobs = walk.Blobs()
-    w = walk.start("vllm", "1.0", ["2.0", "3.0", "4.0"], steps, blobs)
+    blobs = walkdata.Blobs()
+    w = walkdata.start("vllm", "1.0", ["2.0", "3.0", "4.0"], steps, blobs)
     changes = {s.change.id: s.change for s in steps}
-    walk.Walker(w, blobs, host, changes, {}, stop_at_conflicts=False).run()
-    got = {(c["release"], c["id"]): c["state"] for c in w.cells}
+    releasewalk.Walker(w, blobs, host, changes, {}, stop_at_conflicts=False).run()
+    got = {(c.release, c.id): c.state for c in w.cells}
     assert got == {
         ("2.0", "a"): "refreshed", ("2.0", "b"): "refreshed",
         ("3.0", "a"): "waiting", ("3.0", "b"): "kept",  # 4.0 clears a: not asked at 3.0
         ("4.0", "a"): "kept", ("4.0", "b"): "kept",
     }  # fmt: skip
-    assert walk.person_stops(w) == []
-    w = walk.start("vllm", "1.0", ["2.0", "3.0"], steps, blobs)  # nothing clears it by 3.0
-    walk.Walker(w, blobs, host, changes, {}, stop_at_conflicts=False).run()
-    assert walk.person_stops(w) == [{"release": "3.0", "id": "a", "kind": "conflict"}]
-    [cell] = [c for c in w.cells if c["release"] == "3.0" and c["id"] == "a"]
-    assert "line 5 upstream" in cell["hunks"]["f.py"]
+    assert walkdata.person_stops(w) == []
+    w = walkdata.start("vllm", "1.0", ["2.0", "3.0"], steps, blobs)  # nothing clears it by 3.0
+    releasewalk.Walker(w, blobs, host, changes, {}, stop_at_conflicts=False).run()
+    assert walkdata.person_stops(w) == [{"release": "3.0", "id": "a", "state": "conflict"}]
+    [cell] = [c for c in w.cells if c.release == "3.0" and c.id == "a"]
+    assert cell.stop and "line 5 upstream" in cell.hunks["f.py"]

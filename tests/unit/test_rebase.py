@@ -319,7 +319,7 @@ def test_conflict_stops_with_markers_then_continue(proj: Proj, tmp_path: Path):
     rep = as_json(res)
     assert rep["status"] == "stopped"
     stop = rep["stopped_at"]
-    assert stop["id"] == CID and stop["status"] == "conflict"
+    assert stop["id"] == CID and stop["state"] == "conflict"
     assert [(p["path"], p["kind"]) for p in stop["problems"]] == [(CONNECTOR, "content")]
     assert "--continue" in " ".join(stop["next_steps"])
     assert "--abort" in " ".join(stop["next_steps"])
@@ -356,7 +356,7 @@ def test_conflict_then_abort_restores_everything_byte_for_byte(proj: Proj):
     res = rebase_to(proj, "1.2.0", "--json")
     assert res.rc == 1
     rep = as_json(res)
-    assert [c["status"] for c in rep["changes"]] == ["conflict", "pending"]
+    assert [c["state"] for c in rep["changes"]] == ["conflict", "pending"]
     assert checkout_snapshot(proj) != co_before
     res = rebase(proj, "--abort")
     assert res.rc == 0, res.err
@@ -385,7 +385,7 @@ def test_later_changes_follow_a_resolved_conflict_in_order(proj: Proj, tmp_path:
     res = rebase(proj, "--continue", "--json")
     assert res.rc == 0, res.err
     rep = as_json(res)
-    assert [(c["id"], c["status"]) for c in rep["changes"]] == [
+    assert [(c["id"], c["state"]) for c in rep["changes"]] == [
         (CID, "resolved"),
         ("extract-comment", "kept"),
     ]
@@ -453,7 +453,7 @@ def test_collision_of_an_added_file(proj: Proj, tmp_path: Path):
     res = rebase_to(proj, "1.0.2", "--json")
     assert res.rc == 1
     stop = as_json(res)["stopped_at"]
-    assert stop["status"] == "collision"
+    assert stop["state"] == "collision"
     [problem] = stop["problems"]
     assert problem["path"] == ADDED_TEST and problem["kind"] == "collision"
     assert "its own, different file" in problem["detail"]
@@ -476,7 +476,7 @@ def test_deleted_touched_file_stops(proj: Proj):
     res = rebase_to(proj, "1.0.3", "--json")
     assert res.rc == 1
     stop = as_json(res)["stopped_at"]
-    assert stop["status"] == "moved"
+    assert stop["state"] == "moved"
     [problem] = stop["problems"]
     assert problem["path"] == CONNECTOR and problem["kind"] == "deleted"
     assert problem["candidates"] == []
@@ -490,7 +490,7 @@ def test_renamed_touched_file_stops_with_candidates_then_follows(proj: Proj, tmp
     res = rebase_to(proj, "1.0.4", "--json")
     assert res.rc == 1
     stop = as_json(res)["stopped_at"]
-    assert stop["status"] == "moved"
+    assert stop["state"] == "moved"
     [problem] = stop["problems"]
     assert problem["kind"] == "renamed"
     assert problem["candidates"] == [{"path": RENAMED, "similarity": 100}]
@@ -677,7 +677,7 @@ def test_rebase_from_the_git_source(proj: Proj, tmp_path: Path):
         "--index-url", proj.index.url, "--json",
     )  # fmt: skip
     assert res.rc == 1, res.err
-    assert as_json(res)["stopped_at"]["status"] == "conflict"
+    assert as_json(res)["stopped_at"]["state"] == "conflict"
     assert as_json(res)["to"]["commit"] == proj.upstream.releases["1.2.0"].commit
     (checkout(proj) / CONNECTOR).write_text(RESOLVED_120)
     res = rebase(proj, "--continue")

@@ -281,7 +281,7 @@ def test_rebase_keeps_each_change_of_a_file_on_its_own(project, cli, series):
     rep = json.loads(res.out)
     assert rep["status"] == "complete"
     assert [c["id"] for c in rep["changes"]] == [CID, SECOND]
-    assert {c["status"] for c in rep["changes"]} <= {"kept", "refreshed"}
+    assert {c["state"] for c in rep["changes"]} <= {"kept", "refreshed"}
     second = project.change_file(CONNECTOR + ".patch", SECOND).read_text()
     assert "+        block_ids = [b for b in block_ids if b >= 0]" in second
     first = project.change_file(CONNECTOR + ".patch").read_text()
@@ -302,8 +302,8 @@ def test_rebase_stops_at_the_change_that_conflicts_and_goes_on_with_the_next(pro
               cwd=project.root)  # fmt: skip
     assert res.rc == 1, res.err
     rep = json.loads(res.out)
-    assert rep["stopped_at"]["id"] == CID and rep["stopped_at"]["status"] == "conflict"
-    assert [c["status"] for c in rep["changes"]][1] == "pending"
+    assert rep["stopped_at"]["id"] == CID and rep["stopped_at"]["state"] == "conflict"
+    assert [c["state"] for c in rep["changes"]][1] == "pending"
     co = project.root / ".work" / "vllm"
     text = release_files("1.2.0")[CONNECTOR].replace(
         "        self._block_size = int(cache_config.block_size)  # upstream rewrote this\n",
@@ -315,7 +315,7 @@ def test_rebase_stops_at_the_change_that_conflicts_and_goes_on_with_the_next(pro
     res = cli("rebase", "--continue", "--json", cwd=project.root)
     assert res.rc == 0, res.err
     rep = json.loads(res.out)
-    assert [(c["id"], c["status"]) for c in rep["changes"]] == [
+    assert [(c["id"], c["state"]) for c in rep["changes"]] == [
         (CID, "resolved"), (SECOND, "refreshed")
     ]  # fmt: skip
     assert "int(getattr(" in project.change_file(CONNECTOR + ".patch").read_text()

@@ -162,7 +162,7 @@ def test_a_resolution_made_on_the_branch_is_not_asked_again(proj4, tmp_path):
     rep = json.loads((proj4.root / ".work/track/track-report.json").read_text())
     assert rep["status"] == "ready"
     [change] = rep["rebase"]["changes"]
-    assert change["status"] == "record" and change["releases"]["1.2.0"] == "record"
+    assert change["state"] == "record" and change["releases"]["1.2.0"] == "record"
     patch = git_out(proj4.root, "show",
                     "track/vllm-1.2.0:overlay/group-block-size/" + CONNECTOR + ".patch")  # fmt: skip
     assert "# resolved" in patch

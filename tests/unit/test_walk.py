@@ -267,8 +267,8 @@ def test_the_direct_jump_stops_where_the_walk_does_not(make_proj):
     assert res.rc == 1
     rep = json.loads(res.out)
     stop = rep["stopped_at"]
-    assert stop["status"] == "tests-failed" and stop["release"] == "1.1.0"
-    assert rep["stops"] == [{"release": "1.1.0", "id": CID, "kind": "tests-failed"}]
+    assert stop["state"] == "tests-failed" and stop["release"] == "1.1.0"
+    assert rep["stops"] == [{"release": "1.1.0", "id": CID, "state": "tests-failed"}]
     assert rebase(p, "--abort").rc == 0
     assert snapshot(p) == before
 
@@ -311,10 +311,10 @@ def test_stop_at_the_first_conflicting_release_then_continue(make_proj):
     rep = json.loads(res.out)
     assert rep["path"] == ["1.0.1", "1.1.0", "1.2.0"]
     stop = rep["stopped_at"]
-    assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
+    assert (stop["id"], stop["release"], stop["state"]) == (CID, "1.1.0", "conflict")
     assert [ln.split(": merges")[0] for ln in walk_lines(res.err)] == [
         "vllm 1.0.1 (1/3)", f"  {CID}: kept", "vllm 1.1.0 (2/3)",
-                        f"  {CID}: stopped (stop): " + stop["reason"].splitlines()[0]]  # fmt: skip
+                        f"  {CID}: conflict (stop): " + stop["reason"].splitlines()[0]]  # fmt: skip
     assert snapshot(p) == before
     # the checkout shows 1.1.0 (upstream's method from 1.0.1 is there), not the target
     text = (checkout(p) / CONNECTOR).read_text()
@@ -368,7 +368,7 @@ def test_the_same_conflict_is_asked_once(make_proj):
     assert res.rc == 1
     rep = json.loads(res.out)
     assert rep["stopped_at"]["id"] == SECOND
-    assert rep["stops"] == [{"release": "1.2.0", "id": SECOND, "kind": "conflict"}]
+    assert rep["stops"] == [{"release": "1.2.0", "id": SECOND, "state": "conflict"}]
     [change] = [c for c in rep["changes"] if c["id"] == CID]
     assert change["releases"]["1.1.0"] == "record"
     assert rep["proof_releases"].keys() == {"1.1.0"}  # its tests ran there, with the record
@@ -415,7 +415,7 @@ def test_a_drop_a_person_made_is_not_asked_again(make_proj):
     res = to(p, "1.2.0")
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
-    assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
+    assert (stop["id"], stop["release"], stop["state"]) == (CID, "1.1.0", "conflict")
     _take_upstreams_fix(p)  # upstream's code: the change drops
     res = rebase(p, "--continue", "--json")
     assert res.rc == 1
@@ -427,7 +427,7 @@ def test_a_drop_a_person_made_is_not_asked_again(make_proj):
     res = to(p, "1.2.0")
     assert res.rc == 1
     rep = json.loads(res.out)
-    assert rep["stops"] == [{"release": "1.2.0", "id": SECOND, "kind": "conflict"}]
+    assert rep["stops"] == [{"release": "1.2.0", "id": SECOND, "state": "conflict"}]
     [d] = rep["dropped"]
     assert (d["id"], d["release"]) == (CID, "1.1.0")
     key = json.loads(stored.read_text())["key"]
@@ -458,7 +458,7 @@ def test_a_drop_record_is_not_applied_where_the_change_meets_another_state(make_
     res = to(q, "1.1.0")
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
-    assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.1.0", "conflict")
+    assert (stop["id"], stop["release"], stop["state"]) == (CID, "1.1.0", "conflict")
 
 
 def test_a_drop_record_whose_proof_fails_asks_the_person(make_proj):
@@ -470,7 +470,7 @@ def test_a_drop_record_whose_proof_fails_asks_the_person(make_proj):
     res = to(q, "1.2.0", "--direct")
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
-    assert (stop["id"], stop["release"], stop["status"]) == (CID, "1.2.0", "conflict")
+    assert (stop["id"], stop["release"], stop["state"]) == (CID, "1.2.0", "conflict")
     [note] = [n for n in stop["notes"] if "a person dropped it in this state" in n]
     assert f"at vllm 1.1.0 (record {rec.stem[:12]}" in note and "proof fails here" in note
 
@@ -482,7 +482,7 @@ def test_a_stop_of_two_kinds_says_each_file_and_each_step(make_proj):
     res = to(p, "1.1.0")
     assert res.rc == 1
     stop = json.loads(res.out)["stopped_at"]
-    assert stop["status"] == "collision"
+    assert stop["state"] == "collision"
     assert [(x["path"], x["kind"], x["detail"]) for x in stop["problems"]] == [
         (ADDED_TEST, "collision", "the change adds it, and vllm 1.1.0 now has its own, "
                                   "different file"),
@@ -609,10 +609,10 @@ def test_walk_to_the_conflicting_release_stops_like_the_jump(make_proj):
     p = make_proj("undone")
     walked = to(p, "1.1.0")
     assert walked.rc == 1
-    assert json.loads(walked.out)["stops"] == [{"release": "1.1.0", "id": CID, "kind": "conflict"}]
+    assert json.loads(walked.out)["stops"] == [{"release": "1.1.0", "id": CID, "state": "conflict"}]
     assert rebase(p, "--abort").rc == 0
     jumped = to(p, "1.1.0", "--direct")
-    assert json.loads(jumped.out)["stops"] == [{"release": "1.1.0", "id": CID, "kind": "conflict"}]
+    assert json.loads(jumped.out)["stops"] == [{"release": "1.1.0", "id": CID, "state": "conflict"}]
 
 
 def test_lines_upstream_touches_twice_are_asked_once_at_the_last(make_proj):
@@ -620,14 +620,14 @@ def test_lines_upstream_touches_twice_are_asked_once_at_the_last(make_proj):
     res = to(p, "1.2.0")
     assert res.rc == 1
     rep = json.loads(res.out)
-    assert rep["stops"] == [{"release": "1.2.0", "id": CID, "kind": "conflict"}]
+    assert rep["stops"] == [{"release": "1.2.0", "id": CID, "state": "conflict"}]
     [w] = rep["waited"]
     assert (w["id"], w["release"]) == (CID, "1.1.0") and "asked there, once" in w["reason"]
     assert "abs(cache_config.block_size)" in (checkout(p) / CONNECTOR).read_text()
     assert rebase(p, "--abort").rc == 0
     # up to 1.1.0, nothing touches it again: asked at 1.1.0
     rep = json.loads(to(p, "1.1.0").out)
-    assert rep["stops"] == [{"release": "1.1.0", "id": CID, "kind": "conflict"}]
+    assert rep["stops"] == [{"release": "1.1.0", "id": CID, "state": "conflict"}]
 
 
 # --------------------------------------------------------------------------------------------
@@ -698,8 +698,8 @@ def test_the_outlook_verdict_is_the_rebase_verdict(make_proj, history, target):
     rep = json.loads(to(p, target).out)
     compared = 0
     for c in rep["cells"]:
-        if c["state"] == "stopped":
-            assert outlook[(c["id"], c["release"])] in ("conflict", "moved", "collision")
+        if c.get("stop"):  # the stop: the outlook notes the same state, and goes on
+            assert outlook[(c["id"], c["release"])] == c["state"], c
             break
         assert outlook[(c["id"], c["release"])] == c["state"], c
         compared += 1

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if rep["status"] == "stopped":
         s = rep["stopped_at"]
         print(
-            f"vllm-overlay rebase: stopped ({s['status']}"
+            f"vllm-overlay rebase: stopped ({s['state']}"
             + (f" at change {s['id']}" if s["id"] else "")
             + "); see above for what to do.",
             file=sys.stderr,
@@ -179,12 +179,12 @@ def render(rep: dict) -> str:
         head += f" (walked {' -> '.join(rep['path'])})"
     if rep["status"] == "complete":
         lines.append(f"{head}: complete")
-    elif rep["stopped_at"]["status"] == rebase.STOP_COMMIT:
+    elif rep["stopped_at"]["state"] == rebase.STOP_COMMIT:
         lines.append(f"{head}: STOPPED before writing the new pin (commit-unknown)")
     else:
         s = rep["stopped_at"]
         lines.append(f"{head}: STOPPED at change {s['id']} on {to['name']} {s['release']} "
-                     f"({s['status']})")  # fmt: skip
+                     f"({s['state']})")  # fmt: skip
     for c in rep["changes"]:
         lines += _render_change(c)
     for c in rep.get("waited", []):
@@ -209,12 +209,12 @@ def render(rep: dict) -> str:
 
 
 def _render_change(c: dict) -> list[str]:
-    status = c["status"]
-    out = [f"  {status:11} {c['id']}"]
-    if status == rebase.DROPPED:
+    state = c["state"]
+    out = [f"  {state:11} {c['id']}"]
+    if state == rebase.DROPPED:
         out[0] += f" at {c['release']}: {c['reason']}"
         out.append(f"              proof: {c['proof']}")
-    elif status in (rebase.KEPT, rebase.REFRESHED, rebase.RESOLVED, rebase.RECORD):
+    elif state in (rebase.KEPT, rebase.REFRESHED, rebase.RESOLVED, rebase.RECORD):
         extra = []
         if c.get("renamed"):
             extra.append("moved " + ", ".join(f"{a} -> {b}" for a, b in c["renamed"].items()))
@@ -229,14 +229,14 @@ def _render_change(c: dict) -> list[str]:
                 f"              UNPROVEN at {', '.join(c['unproven'])}: its resolution "
                 "was recorded though the change's tests failed with it (--unproven)"
             )
-    elif status == rebase.STOP_TESTS:
+    elif state == rebase.STOP_TESTS:
         proof = c.get("test_run") or {}
         out[0] += f" at {c.get('release')}: {c.get('reason')}"
         out.append(f"              its tests did not prove the drop: {proof.get('text', '')}")
         for run_ in (proof.get("runs") or {}).values():
             if run_.get("first_error"):
                 out.append(f"              first error: {run_['first_error']}")
-    elif status in rebase.STOP_KINDS:
+    elif state in rebase.STOP_KINDS:
         for p in c["problems"]:
             out.append(f"              {p['path']}: {p['kind']}: {p['detail']}")
         for n in c.get("notes", []):

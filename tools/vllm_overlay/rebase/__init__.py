@@ -7,9 +7,12 @@ The package, as the pipeline runs:
 - ``host``: the series at the pin, the releases' files (from their sdists) and the proofs;
 - ``decide``: the one decision, for one change at one release: dropped, kept, refreshed,
   conflict, moved, collision;
-- ``walk``: the one state machine: every change, every release, one decision per step;
-  drops proven where they happen, conflicts asked where they first happen (and only when no
-  later release up to the target clears them), resolution records applied;
+- ``releasewalk``: the one state machine: every change, every release, one decision per
+  step; drops proven where they happen, conflicts asked where they first happen (and only
+  when no later release up to the target clears them), resolution records applied. Its
+  parts: ``walkdata`` (the walk as plain data: blobs, forms, cells), ``replay`` (resolution
+  records applied), ``lookahead`` (where a conflict is taken up) and ``settle`` (a person's
+  resolution of a stop);
 - ``records``: resolution records (a conflict resolved once is not asked again);
 - ``state``, ``workspace``, ``report``, ``driver``: the rebase in a project: its saved state,
   the checkout a person resolves in, the report, and start / continue / abort.
@@ -29,7 +32,7 @@ from vllm_overlay.rebase.state import (
     in_progress,
 )
 from vllm_overlay.rebase.target import latest_release, release_of_commit, resolve_target
-from vllm_overlay.rebase.walk import RECORD, RESOLVED
+from vllm_overlay.rebase.walkdata import RECORD, RESOLVED
 
 __all__ = [
     "DROPPED",

@@ -13,7 +13,7 @@ detection (``git diff --no-index -M``), so that every release takes a fraction o
 - **kept**: the change merges and its exported patch is byte-identical;
 - **refreshed**: it merges cleanly with new context.
 
-This is the one decision of the tool: the walk (``rebase/walk.py``) calls ``decide`` for each
+This is the one decision of the tool: the walk (``rebase/releasewalk.py``) calls ``decide`` for each
 change at each release, for ``rebase``, ``track`` and ``outlook`` alike. A change is judged in
 its current form (its files before and after it, as the walk last carried it) on the
 release's files as the changes before it leave them. Rename candidates are looked for among

@@ -1,4 +1,4 @@
-"""Start, continue and abort a rebase: the walk (``rebase/walk.py``) in a project.
+"""Start, continue and abort a rebase: the walk (``rebase/releasewalk.py``) in a project.
 
 ``start`` pins the target, reads the series at the pin, and walks every release up to the
 target (``direct``: the target alone). A stop writes the checkout at the stop's release
@@ -30,9 +30,10 @@ from vllm_overlay.overlay.model import CONFIG_NAME, load_overlay, overlay_digest
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.lockfile import base_hash, render_lock, write_lock
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.rebase import records, walk, workspace
+from vllm_overlay.rebase import records, workspace
 from vllm_overlay.rebase.host import SdistHost, load_series
 from vllm_overlay.rebase.releases import newer_releases
+from vllm_overlay.rebase.releasewalk import Walker
 from vllm_overlay.rebase.report import report, settled
 from vllm_overlay.rebase.state import (
     NEW_BASE_REF,
@@ -52,6 +53,8 @@ from vllm_overlay.rebase.state import (
     where,
 )
 from vllm_overlay.rebase.target import pin, resolve_target, with_commit
+from vllm_overlay.rebase.walkdata import TESTS_FAILED, Blobs, Cell, Proof, Walk
+from vllm_overlay.rebase.walkdata import start as start_walk
 from vllm_overlay.util import atomic_write_text, info
 
 
@@ -132,7 +135,7 @@ def _path(ctx: Ctx) -> tuple[list[str], dict]:
     return [r.version for r in found], releases
 
 
-def _walker(ctx: Ctx, *, new: bool = False) -> walk.Walker:
+def _walker(ctx: Ctx, *, new: bool = False) -> Walker:
     """The walk of this rebase: made at the start, loaded from the state after."""
     st, paths = ctx.state, ctx.paths
     path, releases = _path(ctx)
@@ -144,16 +147,16 @@ def _walker(ctx: Ctx, *, new: bool = False) -> walk.Walker:
             releases[ctx.new_version] = everything[ctx.new_version]
     host = SdistHost(ctx.old_lock, releases, index_url=st.index_url,
                      test_python=st.test_python, work=paths.dir)  # fmt: skip
-    blobs = walk.Blobs(paths.blobs)
+    blobs = Blobs(paths.blobs)
     if new:
         series = load_series(ctx.old_lock, ctx.overlay, st.index_url)
-        w = walk.start(ctx.name, ctx.old_version, path, series.steps, blobs)
+        w = start_walk(ctx.name, ctx.old_version, path, series.steps, blobs)
         info(f"walking {ctx.name} {ctx.old_version} -> " + " -> ".join(path))
         st.walk = w.to_json()
         st.status = "running"
         ctx.save()
     else:
-        w = walk.Walk.from_json(st.walk)
+        w = Walk.from_json(st.walk)
     found = records.load(ctx.paths.project.overlay_dir / records.DIR, paths.records)
     changes = {c.id: c for c in ctx.overlay.changes}
 
@@ -162,7 +165,7 @@ def _walker(ctx: Ctx, *, new: bool = False) -> walk.Walker:
         ctx.save()
         _fault_point(len(w.cells))
 
-    return walk.Walker(w, blobs, host, changes, found, on_step=saved)
+    return Walker(w, blobs, host, changes, found, on_step=saved)
 
 
 def _fault_point(step: int) -> None:
@@ -207,7 +210,7 @@ def _continue(ctx: Ctx, unproven: str | None = None) -> dict:
     if st.commit_pending:
         return report(ctx, w)  # still unknown: the report says how to give it
     if w.stop is not None:
-        if w.stop["kind"] == walk.TESTS_FAILED:
+        if w.stop.state == TESTS_FAILED:
             if unproven is not None:
                 raise UsageError(
                     "--unproven records a person's resolution of a conflict; this stop is a "
@@ -222,7 +225,7 @@ def _continue(ctx: Ctx, unproven: str | None = None) -> dict:
     return _advance(ctx, walker)
 
 
-def _settle(ctx: Ctx, walker: walk.Walker, unproven: str | None = None) -> None:
+def _settle(ctx: Ctx, walker: Walker, unproven: str | None = None) -> None:
     w = walker.walk
     files = workspace.read_resolution(ctx)
     left = [p for p, d in files.items() if d is not None and _has_markers(d)]
@@ -232,8 +235,9 @@ def _settle(ctx: Ctx, walker: walk.Walker, unproven: str | None = None) -> None:
             f"conflict markers (<<<<<<< or >>>>>>>) are still in:\n{shown}\nEdit them away, "
             "then run `vllm-overlay rebase --continue` again."
         )
-    stop = w.stop or {}
-    renames = {p: c[0][0] for p, c in stop.get("candidates", {}).items() if c}
+    stop = w.stop
+    assert stop is not None
+    renames = {p: c[0][0] for p, c in stop.candidates.items() if c}
     why = {"why": unproven, "by": _who(ctx)} if unproven is not None else None
     proof = walker.settle(files, renames, why)
     if w.stop is stop:  # not proven: nothing recorded, the stop and the checkout as they were
@@ -245,12 +249,12 @@ def _settle(ctx: Ctx, walker: walk.Walker, unproven: str | None = None) -> None:
         records.save(ctx.paths.records, rec)  # kept even if the rebase is aborted
         walker.records[rec.key] = rec
     if walker.made and all(r.scope == records.DROP for r in walker.made):
-        info(f"recorded the drop of change {stop.get('id')}: a later walk that meets the change "
+        info(f"recorded the drop of change {stop.id}: a later walk that meets the change "
              "in the same state drops it there (proven again) without asking")  # fmt: skip
     elif walker.made:
         unproven_ = any(r.unproven is not None for r in walker.made)
         mark = " UNPROVEN (--unproven: its tests fail with it)" if unproven_ else ""
-        info(f"recorded {len(walker.made)} resolution(s) of change {stop.get('id')}{mark}: a "
+        info(f"recorded {len(walker.made)} resolution(s) of change {stop.id}{mark}: a "
              "later walk that meets the same conflict applies them where its tests pass")  # fmt: skip
 
 
@@ -262,9 +266,9 @@ def _who(ctx: Ctx) -> str:
     return getpass.getuser()
 
 
-def _not_proven(ctx: Ctx, stop: dict, proof: walk.Proof | None, *, dropped: bool) -> str:
+def _not_proven(ctx: Ctx, stop: Cell, proof: Proof | None, *, dropped: bool) -> str:
     """Why the resolution was refused: the failing tests by id, the log and JUnit report."""
-    cid, at = stop.get("id"), f"{ctx.name} {stop.get('release')}"
+    cid, at = stop.id, f"{ctx.name} {stop.release}"
     data = proof.to_json() if proof is not None else {}
     runs = list((data.get("runs") or {}).values())
     lines = [
@@ -313,17 +317,16 @@ def abort(project: Project) -> dict:
     }
 
 
-def _advance(ctx: Ctx, walker: walk.Walker) -> dict:
+def _advance(ctx: Ctx, walker: Walker) -> dict:
     st = ctx.state
     w = walker.run()
     if w.stop is not None:
-        host = walker.host
-        repo, base = host.tree(w.release)  # type: ignore[attr-defined]
+        repo, base = walker.host.tree(w.release)
         workspace.show_stop(ctx, w, walker.blobs, walker.changes, repo, base)
         st.status = "stopped"
         st.walk = w.to_json()
         ctx.save()
-        return report(ctx, w, timings=getattr(host, "timings", {}))
+        return report(ctx, w, timings=walker.host.timings)
     if not st.commit_known:
         st.commit_pending = True
         st.status = "stopped"
@@ -337,7 +340,7 @@ def _advance(ctx: Ctx, walker: walk.Walker) -> dict:
 # Finishing: the lock, overlay.toml and overlay/ are written only here
 
 
-def _finish(ctx: Ctx, walker: walk.Walker) -> dict:
+def _finish(ctx: Ctx, walker: Walker) -> dict:
     st, project, w = ctx.state, ctx.paths.project, walker.walk
     repo, base = upstream_repo(
         ctx.new_lock, source=st.source, index_url=st.index_url, git_url=st.git_url
@@ -363,7 +366,7 @@ def _finish(ctx: Ctx, walker: walk.Walker) -> dict:
         )
     results = settled(w, ctx.overlay)
     old_text = (ctx.paths.backup_overlay / CONFIG_NAME).read_text()
-    bump = any(r["status"] != "kept" for r in results)
+    bump = any(r["state"] != "kept" for r in results)
     new_text = history.rewrite(
         old_text,
         dropped=[
@@ -377,10 +380,10 @@ def _finish(ctx: Ctx, walker: walk.Walker) -> dict:
                 upstream_tests=ctx.overlay.change(r["id"]).upstream_tests,
             )  # fmt: skip
             for r in results
-            if r["status"] == "dropped"
+            if r["state"] == "dropped"
         ],
-        files={r["id"]: r["files"] for r in results if r["status"] != "dropped"},
-        tests={r["id"]: r["tests"] for r in results if r["status"] != "dropped"},
+        files={r["id"]: r["files"] for r in results if r["state"] != "dropped"},
+        tests={r["id"]: r["tests"] for r in results if r["state"] != "dropped"},
         bump_revision=bump,
     )
     new_overlay = parse_overlay(new_text, project.overlay_dir)  # validate before writing
@@ -389,7 +392,7 @@ def _finish(ctx: Ctx, walker: walk.Walker) -> dict:
     )
     atomic_write_text(project.overlay_dir / CONFIG_NAME, new_text)
     exported = export_overlay(new_lock, new_overlay, ctx.repo)
-    keys = {k for c in w.cells for k in c.get("records", [])}
+    keys = {k for c in w.cells for k in c.records}
     stored = records.load(project.overlay_dir / records.DIR, ctx.paths.records)
     pruned = records.write_overlay(
         project.overlay_dir, [stored[k] for k in sorted(keys) if k in stored], ctx.new_version

@@ -1,18 +1,19 @@
 """The rebase report: where it stands as plain data (the CLI renders it, or prints it as
-JSON), and what the person does next for each kind of stop."""
+JSON), and what the person does next for each kind of stop.
+
+Each change's verdict is its ``state``, as in the walk's cells (``rebase/walkdata.py``):
+under ``changes``, ``stopped_at``, ``stops`` and ``cells`` alike; the report's own
+``status`` is the rebase's (running, stopped, complete, ...)."""
 
 from __future__ import annotations
 
 from vllm_overlay.overlay.model import Overlay
-from vllm_overlay.rebase import walk as walk_
 from vllm_overlay.rebase.decide import DROPPED, KEPT, REFRESHED
 from vllm_overlay.rebase.state import NEW_BASE_REF, STOP_COMMIT, STOP_TESTS, Ctx
-
-RESOLVED = walk_.RESOLVED
-RECORD = walk_.RECORD
+from vllm_overlay.rebase.walkdata import RECORD, RESOLVED, WAITING, Cell, Walk, person_stops
 
 
-def settled(w: walk_.Walk, overlay: Overlay) -> list[dict]:
+def settled(w: Walk, overlay: Overlay) -> list[dict]:
     """Each change's end state over the walk so far: dropped (at which release, why, with
     which proof), or carried (kept, refreshed, resolved by a person or by a record), with its
     files and tests now."""
@@ -20,34 +21,34 @@ def settled(w: walk_.Walk, overlay: Overlay) -> list[dict]:
     for cid in w.order:
         change = overlay.change(cid)
         base = {"id": cid, "title": change.title, "origin": change.origin}
-        cells = [c for c in w.cells if c["id"] == cid]
+        cells = [c for c in w.cells if c.id == cid]
         if cid in w.gone:
             g = w.gone[cid]
-            out.append({**base, "status": DROPPED, "release": g["release"],
+            out.append({**base, "state": DROPPED, "release": g["release"],
                         "reason": g["reason"], "proof": g["proof"]})  # fmt: skip
             continue
-        states = {c["state"] for c in cells}
-        if not w.done and (not cells or cells[-1]["release"] != w.release):
-            status = "pending"  # not judged at the release the walk stands at yet
+        states = {c.state for c in cells}
+        if not w.done and (not cells or cells[-1].release != w.release):
+            state = "pending"  # not judged at the release the walk stands at yet
         elif RESOLVED in states:
-            status = RESOLVED
+            state = RESOLVED
         elif RECORD in states:
-            status = RECORD
+            state = RECORD
         elif REFRESHED in states:
-            status = REFRESHED
+            state = REFRESHED
         else:
-            status = KEPT
+            state = KEPT
         form = w.forms[cid]
-        renamed = {k: v for c in cells for k, v in c.get("renamed", {}).items()}
-        unproven = [c["release"] for c in cells if c.get("unproven") or c.get("unproven_records")]
-        out.append({**base, "status": status, "files": list(form.files),
+        renamed = {k: v for c in cells for k, v in c.renamed.items()}
+        unproven = [c.release for c in cells if c.unproven or c.unproven_records]
+        out.append({**base, "state": state, "files": list(form.files),
                     "tests": list(form.tests), "renamed": renamed,
-                    "releases": {c["release"]: c["state"] for c in cells},
+                    "releases": {c.release: c.state for c in cells},
                     "unproven": unproven})  # fmt: skip
     return out
 
 
-def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> dict:
+def report(ctx: Ctx, w: Walk, timings: dict[str, float] | None = None) -> dict:
     """Where the rebase stands, as plain data (the CLI renders it, or prints it as JSON)."""
     st = ctx.state
     u = ctx.new_lock.upstream
@@ -56,20 +57,20 @@ def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> 
     if w.stop is not None:
         stopped = _public_stop(ctx, w)
         for c in changes:
-            if c["id"] == w.stop["id"]:
-                c.update(status=w.stop["kind"], release=w.stop["release"],
+            if c["id"] == w.stop.id:
+                c.update(state=w.stop.state, release=w.stop.release,
                          problems=stopped["problems"], reason=stopped["reason"],
                          test_run=stopped["test_run"], notes=stopped["notes"])  # fmt: skip
     elif st.commit_pending:
-        stopped = {"id": "", "status": STOP_COMMIT, "problems": [],
-                   "next_steps": next_steps(ctx, {"kind": STOP_COMMIT})}  # fmt: skip
-    by = {s: [c["id"] for c in changes if c["status"] == s]
+        stopped = {"id": "", "state": STOP_COMMIT, "problems": [],
+                   "next_steps": next_steps(ctx, {"state": STOP_COMMIT})}  # fmt: skip
+    by = {s: [c["id"] for c in changes if c["state"] == s]
           for s in (KEPT, REFRESHED, RESOLVED, RECORD)}  # fmt: skip
     proofs: dict[str, float] = {}
     for c in w.cells:
-        secs = (c.get("test_run") or {}).get("seconds")
-        if c["state"] == DROPPED or secs is not None:
-            proofs.setdefault(c["release"], 0.0)
+        secs = (c.test_run or {}).get("seconds")
+        if c.state == DROPPED or secs is not None:
+            proofs.setdefault(c.release, 0.0)
     for rel, secs in (timings or {}).items():
         proofs[rel] = secs
     return {
@@ -107,62 +108,70 @@ def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> 
         "dropped": [
             {"id": c["id"], "release": c["release"], "reason": c["reason"], "proof": c["proof"]}
             for c in changes
-            if c["status"] == DROPPED
+            if c["state"] == DROPPED
         ],
         "conflicted": [
             c["id"]
             for c in changes
-            if c["status"] in ("conflict", "moved", "collision", RESOLVED, RECORD)
+            if c["state"] in ("conflict", "moved", "collision", RESOLVED, RECORD)
         ],
-        "waited": [c for c in w.cells if c["state"] == walk_.WAITING and c.get("met")],
-        "stops": walk_.person_stops(w),
+        "waited": [c.to_json() for c in w.cells if c.state == WAITING and c.met],
+        "stops": person_stops(w),
         "proof_releases": proofs,
-        "cells": [{k: c[k] for k in ("release", "id", "state")} for c in w.cells],
+        "cells": [
+            {
+                "release": c.release,
+                "id": c.id,
+                "state": c.state,
+                **({"stop": True} if c.stop else {}),
+            }
+            for c in w.cells
+        ],  # fmt: skip
         "stopped_at": stopped,
     }
 
 
-def _public_stop(ctx: Ctx, w: walk_.Walk) -> dict:
-    stop = dict(w.stop or {})
+def _public_stop(ctx: Ctx, w: Walk) -> dict:
+    stop = w.stop
+    assert stop is not None
     problems = [
         {"path": p, **_problem(stop, p),
          "candidates": [{"path": c[0], "similarity": c[1]}
-                        for c in stop.get("candidates", {}).get(p, [])]}
-        for p in stop.get("files", [])
+                        for c in stop.candidates.get(p, [])]}
+        for p in stop.files
     ]  # fmt: skip
-    pending = {"id": stop["id"], "kind": stop["kind"], "release": stop["release"],
-               "reason": stop["reason"], "problems": problems,
-               "test_run": stop.get("test_run")}  # fmt: skip
+    pending = {"id": stop.id, "state": stop.state, "release": stop.release,
+               "reason": stop.reason, "problems": problems, "test_run": stop.test_run}  # fmt: skip
     return {
-        "id": stop["id"],
-        "status": stop["kind"],
-        "release": stop["release"],
+        "id": stop.id,
+        "state": stop.state,
+        "release": stop.release,
         "problems": problems,
-        "hunks": stop.get("hunks", {}),
-        "notes": stop.get("notes", []),
-        "reason": stop.get("reason"),
-        "test_run": stop.get("test_run"),
+        "hunks": dict(stop.hunks),
+        "notes": list(stop.notes),
+        "reason": stop.reason,
+        "test_run": stop.test_run,
         "next_steps": next_steps(ctx, pending),
     }
 
 
-def _problem(stop: dict, path: str) -> dict[str, str]:
+def _problem(stop: Cell, path: str) -> dict[str, str]:
     """What happened to one file of a stop: its kind (content, renamed, deleted, collision)
     and what upstream did. A stop can mix kinds (0.34.0 deletes one file of
     cpu-mamba-align-postprocess and edits our lines in another); a stop saved before the
     walk kept each file's problem has only the stop's kind and reason."""
-    kind, _, detail = stop.get("problems", {}).get(path, "").partition(": ")
+    kind, _, detail = stop.problems.get(path, "").partition(": ")
     if not detail:
-        kind, detail = stop["kind"], stop["reason"]
+        kind, detail = stop.state, stop.reason
     if kind == "moved":
-        kind = "renamed" if stop.get("candidates", {}).get(path) else "deleted"
+        kind = "renamed" if stop.candidates.get(path) else "deleted"
     elif kind == "conflict":
         kind = "content"
     return {"kind": kind, "detail": detail}
 
 
 def next_steps(ctx: Ctx, pending: dict) -> list[str]:
-    """What the person does now, for this kind of stop."""
+    """What the person does now, for this kind of stop (``pending["state"]``)."""
     co = ctx.checkout
     old, new = ctx.old_version, pending.get("release") or ctx.new_version
     go_on = "then run `vllm-overlay rebase --continue` (no need to git add or commit)"
@@ -170,8 +179,8 @@ def next_steps(ctx: Ctx, pending: dict) -> list[str]:
         "or `vllm-overlay rebase --abort` to put upstream.lock, overlay/ and the checkout back "
         f"at {old}"
     )
-    kind = pending["kind"]
-    if kind == STOP_COMMIT:
+    state = pending["state"]
+    if state == STOP_COMMIT:
         st = ctx.state
         return [
             f"every change is settled, but the full commit id of {ctx.name} {new} is unknown "
@@ -180,7 +189,7 @@ def next_steps(ctx: Ctx, pending: dict) -> list[str]:
             f"{ctx.new_lock.upstream.git} refs/tags/{ctx.new_lock.upstream.tag}` prints it; "
             f"then run `vllm-overlay rebase --continue --commit SHA`; {back}.",
         ]
-    if kind == STOP_TESTS:
+    if state == STOP_TESTS:
         runs = (pending.get("test_run") or {}).get("runs") or {}
         run_ = runs.get("ours") or runs.get("upstream") or {}
         where = f"against {ctx.name} {new} without the change (log: {run_.get('log', '')})"

@@ -43,7 +43,7 @@ FORMAT = 2  # 2: the walk (release by release)
 NEW_BASE_REF = "refs/vllm-overlay/rebase/new-base"
 OLD_BASE_REF = "refs/vllm-overlay/rebase/old-base"
 
-# Settled statuses, and the kinds of stop.
+# Settled states, and the states of a stop (rebase/walkdata.py).
 KEPT, REFRESHED, RESOLVED, DROPPED = "kept", "refreshed", "resolved", "dropped"
 STOP_CONFLICT, STOP_COLLISION, STOP_MOVED, STOP_TESTS, STOP_COMMIT = (
     "conflict",
@@ -93,7 +93,7 @@ class State:
     format: int = FORMAT
     status: str = "starting"  # starting | running | stopped | finalizing
     direct: bool = False  # the target alone, not every release in between
-    walk: dict = field(default_factory=dict)  # walk.Walk.to_json(): where the walk stands
+    walk: dict = field(default_factory=dict)  # Walk.to_json() (rebase/walkdata.py): where it stands
     step_head: str = ""  # the checkout's commit under a stop's conflict files
     commit_known: bool = True  # False: the new tag's full commit is still to be given
     sdist_commit: str | None = None  # the abbreviated commit the new sdist records
@@ -356,6 +356,7 @@ def refuse_edits(paths: Paths) -> None:
 
 def where(state: State) -> str:
     stop = state.walk.get("stop")
-    if stop:
-        return f"stopped at change {stop['id']} on {stop['release']} ({stop['kind']})"
+    if stop:  # a saved walk's stop (rebase/walkdata.py): its state; before, its "kind"
+        what = stop.get("kind", stop["state"])
+        return f"stopped at change {stop['id']} on {stop['release']} ({what})"
     return f"state {state.status}"

@@ -30,7 +30,7 @@ from vllm_overlay.overlay.model import Change
 from vllm_overlay.pin.trees import BASE_REF
 from vllm_overlay.rebase import decide
 from vllm_overlay.rebase.state import NEW_BASE_REF, Ctx
-from vllm_overlay.rebase.walk import Blobs, Walk
+from vllm_overlay.rebase.walkdata import TESTS_FAILED, Blobs, Walk
 from vllm_overlay.testing import proving
 
 
@@ -69,13 +69,12 @@ def show_stop(ctx: Ctx, w: Walk, blobs: Blobs, changes: dict[str, Change], repo:
     done = [c for c in w.order[: w.next] if c not in w.gone and c not in w.waiting]
     commit_carried(ctx, w, blobs, changes, done)
     ctx.state.step_head = ctx.head()
-    if stop["kind"] == "tests-failed":
+    if stop.state == TESTS_FAILED:
         return
-    form = w.forms[stop["id"]]
+    form = w.forms[stop.id]
     before, after = blobs.files(form.before), blobs.files(form.after)
     out: dict[str, bytes | None] = {}
-    conflicted = blobs.files(stop.get("conflicted", {}))
-    merged = blobs.files(stop.get("merged", {}))
+    conflicted, merged = blobs.files(stop.conflicted), blobs.files(stop.merged)
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-stop-") as tmp:
         scratch = decide.Scratch(Path(tmp))
         labels = (f"{w.name} {w.release}", f"{w.name} {form.at}", "our change")
@@ -84,13 +83,13 @@ def show_stop(ctx: Ctx, w: Walk, blobs: Blobs, changes: dict[str, Change], repo:
                 out[p] = conflicted[p]
             elif p in merged:
                 out[p] = merged[p]
-            elif stop["kind"] == decide.MOVED and stop.get("candidates", {}).get(p):
-                cand = stop["candidates"][p][0][0]
+            elif stop.state == decide.MOVED and stop.candidates.get(p):
+                cand = stop.candidates[p][0][0]
                 theirs = (ctx.checkout / cand).read_bytes()
                 out[cand], _ = scratch.merge(theirs, before[p] or b"", after[p] or b"", labels)
-            elif stop["kind"] == decide.MOVED and before.get(p) is not None:
+            elif stop.state == decide.MOVED and before.get(p) is not None:
                 out[p] = after[p]  # deleted upstream: ours, for the person to move
-            elif stop["kind"] == decide.COLLISION and before.get(p) is None:
+            elif stop.state == decide.COLLISION and before.get(p) is None:
                 theirs = (ctx.checkout / p).read_bytes()
                 out[p], _ = scratch.merge(theirs, b"", after[p] or b"", labels)
     proving.write_files(ctx.checkout, out)

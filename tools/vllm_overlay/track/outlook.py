@@ -1,5 +1,5 @@
-"""The outlook: the walk (``rebase/walk.py``) of the series over every newer release, without
-a checkout, as a matrix.
+"""The outlook: the walk (``rebase/releasewalk.py``) of the series over every newer release,
+without a checkout, as a matrix.
 
 The same walk as ``rebase`` makes, on the releases' sdists (cached, checked against the
 index's sha256; only the touched files are read), with two differences: it writes nothing
@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay.overlay.project import Project
-from vllm_overlay.rebase import decide, records, walk
+from vllm_overlay.rebase import decide, lookahead, records, releasewalk, replay, settle, walkdata
 from vllm_overlay.rebase.host import SdistHost, Series, load_series
 from vllm_overlay.rebase.releases import newer_releases
 from vllm_overlay.util import atomic_write_text, cache_dir, info, sha256_bytes
 
 FORMAT = 2  # 2: the walk
 GONE = "gone"  # dropped at an earlier release
-CLEAN = (*decide.CLEAN, walk.RECORD, walk.WAITING, GONE)
+CLEAN = (*decide.CLEAN, walkdata.RECORD, walkdata.WAITING, GONE)
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Outlook:
 def _code_digest() -> str:
     """The walk's own code: a cached walk is reused only by the code that made it."""
     h = hashlib.sha256()
-    for mod in (decide, walk, records):
+    for mod in (decide, records, walkdata, releasewalk, replay, lookahead, settle):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()
 
@@ -115,12 +115,13 @@ def _walk(series: Series, host: SdistHost, path: list[str], found: dict, key_bas
         data = json.loads(cached.read_text())
         data["from_cache"] = True
         return data
-    blobs = walk.Blobs()
-    w = walk.start(host.name, series.lock.upstream.version, path, series.steps, blobs)
+    blobs = walkdata.Blobs()
+    w = walkdata.start(host.name, series.lock.upstream.version, path, series.steps, blobs)
     changes = {s.change.id: s.change for s in series.steps}
-    walk.Walker(w, blobs, host, changes, found, stop_at_conflicts=False,
-                memo=None if prove else memo, report=info if report else None).run()  # fmt: skip
-    data = {"path": path, "cells": w.cells, "gone": w.gone, "stops": walk.person_stops(w)}
+    releasewalk.Walker(w, blobs, host, changes, found, stop_at_conflicts=False,
+                       memo=None if prove else memo, report=info if report else None).run()  # fmt: skip
+    data = {"path": path, "cells": [c.to_json() for c in w.cells], "gone": w.gone,
+            "stops": walkdata.person_stops(w)}  # fmt: skip
     atomic_write_text(cached, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data
 
@@ -188,7 +189,7 @@ def _columns(series: Series, host: SdistHost, main: dict) -> list[Column]:
                                  "files": [], "hunks": {}, "candidates": {}, "notes": []})  # fmt: skip
                 continue
             c = cells[-1]
-            state = c["kind"] if c["state"] == walk.UNRESOLVED else c["state"]
+            state = c["state"]  # a stop's: what the walk met there
             if state == decide.DROPPED:
                 gone_at[cid] = v
             outcomes.append({"id": cid, "state": state, "reason": c["reason"],

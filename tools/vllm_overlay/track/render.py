@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 
 from vllm_overlay.rebase import decide as classify
-from vllm_overlay.rebase import walk
+from vllm_overlay.rebase import walkdata
 from vllm_overlay.track.outlook import GONE
 
 SHORT = {
@@ -16,9 +16,9 @@ SHORT = {
     classify.CONFLICT: "CONFLICT",
     classify.MOVED: "MOVED",
     classify.COLLISION: "COLLIDE",
-    walk.TESTS_FAILED: "UNPROVEN",
-    walk.RECORD: "record",
-    walk.WAITING: "waits",
+    walkdata.TESTS_FAILED: "UNPROVEN",
+    walkdata.RECORD: "record",
+    walkdata.WAITING: "waits",
     GONE: "\u00b7",
 }
 COLOUR = {
@@ -28,9 +28,9 @@ COLOUR = {
     classify.CONFLICT: "31;1",  # bold red
     classify.MOVED: "35;1",  # bold magenta
     classify.COLLISION: "33;1",  # bold yellow
-    walk.TESTS_FAILED: "31;1",
-    walk.RECORD: "36",
-    walk.WAITING: "33",
+    walkdata.TESTS_FAILED: "31;1",
+    walkdata.RECORD: "36",
+    walkdata.WAITING: "33",
     GONE: "2",
 }
 LEGEND = {
@@ -40,9 +40,9 @@ LEGEND = {
     classify.CONFLICT: "the three-way merge leaves conflict markers: a person resolves them",
     classify.MOVED: "a file it patches was renamed or deleted upstream",
     classify.COLLISION: "a file it adds now exists upstream, different from ours",
-    walk.TESTS_FAILED: "upstream has it, but its tests do not prove the drop there (--tests)",
-    walk.RECORD: "conflicts, and a resolution record resolves it (as the rebase would)",
-    walk.WAITING: "conflicts here, but a later release clears it: nobody is asked",
+    walkdata.TESTS_FAILED: "upstream has it, but its tests do not prove the drop there (--tests)",
+    walkdata.RECORD: "conflicts, and a resolution record resolves it (as the rebase would)",
+    walkdata.WAITING: "conflicts here, but a later release clears it: nobody is asked",
     GONE: "dropped at an earlier release",
 }
 # A record a person made with `rebase --continue --unproven` (its tests failed with it where it
@@ -93,7 +93,7 @@ def terminal(data: dict, *, colour: bool = False) -> str:
         for state, text in LEGEND.items():
             lines.append(f"  {SHORT[state]:<9} {text}")
         if any(o.get("unproven") for c in cols for o in c["outcomes"]):
-            lines.append(f"  {SHORT[walk.RECORD] + UNPROVEN_MARK:<9} {UNPROVEN_LEGEND}")
+            lines.append(f"  {SHORT[walkdata.RECORD] + UNPROVEN_MARK:<9} {UNPROVEN_LEGEND}")
         if tests:
             lines.append(
                 "  ok/FAIL   the change's tests on that release (patched tree; pristine if dropped)"
@@ -217,7 +217,7 @@ def page(data: dict) -> str:
     out.append("<h2>Legend</h2><dl>")
     for state, text in LEGEND.items():
         out.append(f"<dt>{state}</dt><dd>{e(text)}</dd>")
-    out.append(f"<dt>{walk.RECORD} (unproven)</dt><dd>{e(UNPROVEN_LEGEND)}</dd>")
+    out.append(f"<dt>{walkdata.RECORD} (unproven)</dt><dd>{e(UNPROVEN_LEGEND)}</dd>")
     out.append("</dl>")
     if data.get("skipped"):
         out.append("<h2>Skipped releases</h2><ul>")

@@ -62,7 +62,7 @@ def markdown(rep: dict) -> str:
             if c.get("renamed"):
                 extra.append("moved " + ", ".join(f"{a} → {b}" for a, b in c["renamed"].items()))
             proof = c.get("test_run") or {}
-            if c["status"] == "tests-failed":
+            if c["state"] == "tests-failed":
                 extra.append(f"on {c.get('release')}, without it: {proof.get('text', '')}")
                 for run_ in (proof.get("runs") or {}).values():
                     if run_.get("first_error"):
@@ -74,9 +74,9 @@ def markdown(rep: dict) -> str:
                 why = ""
                 extra += [f"{p['path']}: {p['kind']}: {p['detail']}" for p in c["problems"]]
             cell = "; ".join(x for x in [why, *extra] if x).replace("|", "\\|")
-            out.append(f"| `{c['id']}` | {c['status']} | {cell} |")
+            out.append(f"| `{c['id']}` | {c['state']} | {cell} |")
         out.append("")
-    dropped = [c for c in r.get("changes", []) if c["status"] == "dropped"]
+    dropped = [c for c in r.get("changes", []) if c["state"] == "dropped"]
     if dropped:
         out += ["## Dropped changes and their proof", ""]
         for c in dropped:

@@ -270,7 +270,7 @@ def _stop_message(rep: dict) -> str:
     lines = [f"Track {rep['name']} {rep['to']}: the walk up to the stop ({where})", ""]
     if stop:
         lines.append(f"Stopped at change {stop.get('id')} on {stop.get('release')} "
-                     f"({stop.get('status')}); see the pull request for what to do.")  # fmt: skip
+                     f"({stop.get('state')}); see the pull request for what to do.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -319,7 +319,7 @@ def _message(rep: dict) -> str:
     lines = [f"Track {rep['name']} {rep['to']}: rebase the overlay from {rep['from']}", ""]
     for c in r["changes"]:
         lines.append(
-            f"- {c['id']}: {c['status']}" + (f" ({c['reason']})" if c.get("reason") else "")
+            f"- {c['id']}: {c['state']}" + (f" ({c['reason']})" if c.get("reason") else "")
         )
     return "\n".join(lines) + "\n"
 
