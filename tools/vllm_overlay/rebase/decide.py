@@ -62,7 +62,7 @@ class Outcome:
     candidates: dict[str, list[list]] = field(default_factory=dict)  # moved: path -> [[p, %]]
     notes: list[str] = field(default_factory=list)
     # A drop because the release has none of the model runners the change serves: the proof
-    # is the tree itself (the runner's file is gone), not the change's tests (walk.Fact).
+    # is the tree itself (the runner's file is gone), not the change's tests (walkdata.Fact).
     runners_gone: bool = False
     merged: dict[str, bytes | None] = field(default_factory=dict, repr=False)  # clean results
     conflicted: dict[str, bytes] = field(default_factory=dict, repr=False)  # diff3 results
