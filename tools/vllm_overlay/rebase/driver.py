@@ -157,7 +157,7 @@ def _walker(ctx: Ctx, *, new: bool = False) -> Walker:
         ctx.save()
     else:
         w = Walk.from_json(st.walk)
-    found = records.load(ctx.paths.project.overlay_dir / records.DIR, paths.records)
+    found = records.load(*records.stores(ctx.paths.project).values())
     changes = {c.id: c for c in ctx.overlay.changes}
 
     def saved() -> None:
@@ -393,7 +393,7 @@ def _finish(ctx: Ctx, walker: Walker) -> dict:
     atomic_write_text(project.overlay_dir / CONFIG_NAME, new_text)
     exported = export_overlay(new_lock, new_overlay, ctx.repo)
     keys = {k for c in w.cells for k in c.records}
-    stored = records.load(project.overlay_dir / records.DIR, ctx.paths.records)
+    stored = records.load(*records.stores(project).values())
     pruned = records.write_overlay(
         project.overlay_dir, [stored[k] for k in sorted(keys) if k in stored], ctx.new_version
     )

@@ -43,6 +43,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from vllm_overlay.overlay.export import RECORDS_DIR
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.rebase.state import Paths
 from vllm_overlay.util import atomic_write_text, info, sha256_bytes
 
 DIR = RECORDS_DIR  # overlay/resolutions/
@@ -291,6 +293,24 @@ def load(*dirs: Path) -> dict[str, Record]:
                      "sides (edited by hand?); it never applies")  # fmt: skip
                 continue
             out[rec.key] = rec
+    return out
+
+
+def stores(project: Project) -> dict[str, Path]:
+    """Where a project's records live: "overlay" (reviewed, overlay/resolutions/) and "work"
+    (walks not finished yet, ``Paths.records``), in the order ``load`` reads them."""
+    return {"overlay": project.overlay_dir / DIR, "work": Paths(project).records}
+
+
+def listing(project: Project) -> list[dict]:
+    """Every record a rebase of the project reuses, as ``status`` shows them: by store, then
+    by change and key."""
+    out = []
+    for where, d in stores(project).items():
+        for key, r in sorted(load(d).items(), key=lambda kv: kv[1].relpath):
+            out.append({"change": r.change, "release": r.release, "path": r.path,
+                        "scope": r.scope, "key": key, "in": where, "proof": r.proof,
+                        "unproven": r.unproven})  # fmt: skip
     return out
 
 

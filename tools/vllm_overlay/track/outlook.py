@@ -143,7 +143,7 @@ def outlook(
     series = load_series(lock, overlay, index_url)
     name, pin = lock.upstream.name, lock.upstream.version
     chosen, skipped = newer_releases(name, pin, index_url, to=to, only=releases)
-    found = records.load(project.overlay_dir / records.DIR, project.work_dir / "resolutions")
+    found = records.load(*records.stores(project).values())
     digest = hashlib.sha256()
     for k in sorted(found):
         digest.update(found[k].to_json().encode())
