@@ -2,10 +2,10 @@
 
 1. The target: the newest usable final release on the index (or ``--to``); if the pin is
    already there, nothing to do.
-2. A copy of the project: a git worktree of the project's repository on branch
-   ``track/vllm-<version>`` at ``.work/track/vllm-<version>`` (made from HEAD; never the
-   person's checkout or branch). A leftover of an interrupted run is removed first, so every
-   run starts clean.
+2. A copy of the project (``track/worktrees.py``): a git worktree of the project's repository
+   on branch ``track/vllm-<version>`` at ``.work/track/vllm-<version>`` (made from HEAD; never
+   the person's checkout or branch). A leftover of an interrupted run is removed first, so
+   every run starts clean.
 3. ``rebase`` in the copy (the walk, release by release, with proofs for dropped changes
    and the previous branch's resolution records). When it completes, every carried change's
    own tests on the rebased tree (``track/changes.py``: the walk proves what it drops and
@@ -23,8 +23,6 @@ with a message saying so.
 
 from __future__ import annotations
 
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
@@ -38,7 +36,8 @@ from vllm_overlay.rebase.releases import newer_releases, newest_release
 from vllm_overlay.track import changes as track_changes
 from vllm_overlay.track import engine as track_engine
 from vllm_overlay.track import report as track_report
-from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info, lock_if_free
+from vllm_overlay.track import worktrees
+from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info
 
 UP_TO_DATE, READY, NEEDS_PERSON = "up-to-date", "ready", "needs-person"
 EXIT = {UP_TO_DATE: 0, READY: 0, NEEDS_PERSON: 1}
@@ -46,94 +45,6 @@ EXIT = {UP_TO_DATE: 0, READY: 0, NEEDS_PERSON: 1}
 
 class TrackError(OverlayError):
     """The tracking run could not start (the project is not in git, …)."""
-
-
-@dataclass(frozen=True)
-class Copy:
-    repo_root: Path  # the project's git work tree (the person's)
-    worktree: Path  # the copy
-    branch: str
-    project: Project  # the project inside the copy
-
-
-def _repo_root(project: Project) -> Path:
-    out = git("rev-parse", "--show-toplevel", cwd=project.root, check=False)
-    if out.returncode != 0 or rev_parse(project.root, "HEAD") is None:
-        raise TrackError(
-            f"{project.root} is not in a git repository with a commit. `vllm-overlay track` "
-            "rebases a copy of the project made with `git worktree` from HEAD: commit the "
-            "project first."
-        )
-    return Path(out.stdout.strip())
-
-
-def _make_copy(project: Project, version: str) -> Copy:
-    root = _repo_root(project)
-    branch = f"track/vllm-{version}"
-    worktree = project.work_dir / "track" / f"vllm-{version}"
-    _remove_copy(root, worktree)
-    if rev_parse(root, "refs/heads/track"):
-        raise TrackError(
-            f"the branch `track` exists in {root}, so git cannot create {branch} (a branch "
-            "cannot also be a folder of branches). Rename it (`git branch -m track OTHER`) "
-            "and run this again."
-        )
-    _free_branch(root, branch)
-    worktree.parent.mkdir(parents=True, exist_ok=True)
-    git("worktree", "add", "-q", "-f", "-B", branch, str(worktree), "HEAD", cwd=root)
-    rel = project.root.resolve().relative_to(root.resolve())
-    return Copy(root, worktree, branch, Project(worktree / rel))
-
-
-def _remove_copy(root: Path, worktree: Path) -> None:
-    """Remove a leftover copy (an interrupted run) so the run starts clean."""
-    if worktree.exists():
-        git("worktree", "remove", "--force", "--force", str(worktree), cwd=root, check=False)
-        shutil.rmtree(worktree, ignore_errors=True)
-    git("worktree", "prune", cwd=root, check=False)
-
-
-def _holders(root: Path, branch: str) -> list[Path]:
-    """The worktrees of ``root``'s repository that have ``branch`` checked out."""
-    out, path, found = git("worktree", "list", "--porcelain", cwd=root).stdout, None, []
-    for line in out.splitlines():
-        if line.startswith("worktree "):
-            path = Path(line.removeprefix("worktree "))
-        elif line == f"branch refs/heads/{branch}" and path is not None:
-            found.append(path)
-    return found
-
-
-def _own_stale_copy(path: Path, branch: str) -> bool:
-    """``path`` is a copy an earlier tracking run made (``<project>/.work/track/vllm-V`` for
-    ``branch``) and no tracking run of that project is using it now (its lock is free)."""
-    if path.parts[-3:] != (".work", "track", branch.removeprefix("track/")):
-        return False
-    with lock_if_free(path.parent.parent / "track.lock") as free:
-        return free
-
-
-def _free_branch(root: Path, branch: str) -> None:
-    """Make ``branch`` movable: git will not reset a branch another worktree has checked
-    out. A stale copy of our own (an earlier run of the project from another place) is
-    removed; anything else that holds the branch is named, with how to free it."""
-    for path in _holders(root, branch):
-        if _own_stale_copy(path, branch):
-            info(f"removing a stale tracking copy at {path} (it held {branch})")
-            _remove_copy(root, path)
-            continue
-        raise TrackError(
-            f"the branch {branch} is checked out in the worktree {path}, so the tracking run "
-            f"cannot move it. Free it with `git worktree remove {path}` (save any work there "
-            "first), or `git worktree prune` if that directory is already gone; then run "
-            "this again."
-        )
-
-
-def _uncommitted(project: Project, root: Path) -> list[str]:
-    out = git("status", "--porcelain=v1", "--", str(project.lock_path), str(project.overlay_dir),
-              cwd=root)  # fmt: skip
-    return [line[3:] for line in out.stdout.splitlines() if line.strip()]
 
 
 def track(
@@ -172,14 +83,17 @@ def track(
             rep.update(status=UP_TO_DATE, message=f"upstream.lock already pins {name} {pinned}.")
             track_report.write(rep, report_dir)
             return rep
-        earlier = _records_of_branch(project, f"track/vllm-{rel.version}")
-        copy = _make_copy(project, rel.version)
+        try:
+            earlier = _records_of_branch(project, f"track/vllm-{rel.version}")
+            copy = worktrees.make_copy(project, rel.version)
+        except worktrees.WorktreeError as e:
+            raise TrackError(str(e)) from e
         _add_records(copy.project, earlier)
         rep.update(
             branch=copy.branch,
             worktree=str(copy.worktree),
             base_commit=rev_parse(copy.worktree, "HEAD"),
-            uncommitted=_uncommitted(project, copy.repo_root),
+            uncommitted=worktrees.uncommitted(project, copy.repo_root),
         )
         info(f"tracking {name} {pinned} -> {rel.version} in {copy.worktree} ({copy.branch})")
         checkout = copy.project.default_checkout
@@ -230,7 +144,7 @@ def _hunks(result: dict) -> dict[str, str]:
     return dict((result.get("stopped_at") or {}).get("hunks") or {})
 
 
-def _walk_up_to_the_stop(copy: Copy, result: dict, index_url: str | None,
+def _walk_up_to_the_stop(copy: worktrees.Copy, result: dict, index_url: str | None,
                          test_python: str | None) -> str | None:  # fmt: skip
     """Move the copy to the newest release before the stop that the walk reaches without a
     person (the outlook's count of stops for that target is 0), and stage it: the branch
@@ -276,7 +190,7 @@ def _stop_message(rep: dict) -> str:
 
 def _records_of_branch(project: Project, branch: str) -> dict[str, bytes]:
     """The resolution records on an earlier run's branch (local, or fetched from origin)."""
-    root = _repo_root(project)
+    root = worktrees.repo_root(project)
     rel = project.overlay_dir.resolve().relative_to(root.resolve()) / records.DIR
     for ref in (f"refs/heads/{branch}", f"refs/remotes/origin/{branch}"):
         if rev_parse(root, ref) is None:
