@@ -139,71 +139,6 @@ class Walker:
             return
         self._stop(cid, o.state, o.reason, outcome=o)
 
-    # -- a settled stop: the person's files, or the failed proof run again ------------------
-
-    def settle(self, files: dict[str, bytes | None], renames: dict[str, str],
-               unproven: dict | None = None) -> Proof | None:  # fmt: skip
-        """The person's resolution of the stop (``rebase/settle.py``)."""
-        return settle.settle(self, files, renames, unproven)
-
-    def retry_proof(self) -> None:
-        """Run the stopped drop's proof again (the person fixed what made it fail)."""
-        settle.retry_proof(self)
-
-    # -- what the parts share: the release's files, the decision -----------------------------
-
-    def paths(self) -> list[str]:
-        """Every file the changes still carried touch."""
-        w = self.walk
-        return sorted({p for cid, f in w.forms.items() if cid not in w.gone for p in f.files})
-
-    def tree(self, paths: list[str]) -> dict[str, bytes | None]:
-        """The release's files as the changes so far leave them, ``paths`` among them."""
-        w = self.walk
-        missing = [p for p in paths if p not in w.tree]
-        if missing:
-            w.tree.update(self.blobs.keys(self.host.files(w.release, missing)))
-        return self.blobs.files(w.tree)
-
-    def decision(self, cid: str, rel: str, tree: dict[str, bytes | None]) -> decide.Outcome:
-        """The one decision for the change in its current form at ``rel`` on ``tree``."""
-        form = self.walk.forms[cid]
-        if self.memo is not None:  # a pure function of the form and the release's files
-            key = (cid, rel, form.at, json.dumps([form.files, form.tests, form.before,
-                   form.after], sort_keys=True),
-                   tuple((p, sha256_bytes(d) if d is not None else None)
-                         for p in form.files for d in [tree.get(p)]))  # fmt: skip
-            if key not in self.memo:
-                self.memo[key] = self._decide_now(cid, rel, tree)
-            return copy.deepcopy(self.memo[key])
-        return self._decide_now(cid, rel, tree)
-
-    def _decide_now(self, cid: str, rel: str, tree: dict[str, bytes | None]) -> decide.Outcome:
-        w = self.walk
-        form = w.forms[cid]
-        change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))
-        step = decide.Step(change, self.blobs.files(form.before), self.blobs.files(form.after))
-        labels = (f"{w.name} {rel}", f"{w.name} {form.at}", "our change")
-        r = decide.Release(w.name, rel, self.host.names(rel), lambda ps: self.host.files(rel, ps))
-        with tempfile.TemporaryDirectory(prefix="vllm-overlay-walk-") as tmp:
-            return decide.decide(step, decide.Scratch(Path(tmp)), tree, r,
-                                 self.host.names(form.at), labels)  # fmt: skip
-
-    def as_carried(self, cid: str) -> tuple[Change, dict[str, bytes]]:
-        """The change in its current form, and its own test files (what a proof stages)."""
-        form = self.walk.forms[cid]
-        change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))
-        own = {t.partition("::")[0] for t in form.tests}
-        return change, {p: d for p, d in self.blobs.files(form.after).items() if p in own and d}
-
-    def sides(self, cid: str) -> tuple[dict, dict, dict]:
-        """The change's files in the release as the walk meets them, at its base, and ours:
-        what a drop record is keyed by."""
-        form = self.walk.forms[cid]
-        tree = self.tree(form.files)
-        return ({p: tree.get(p) for p in form.files}, self.blobs.files(form.before),
-                self.blobs.files(form.after))  # fmt: skip
-
     # -- verdicts ------------------------------------------------------------------------
 
     def _say(self, line: str) -> None:
@@ -286,3 +221,68 @@ class Walker:
         cell = self._cell(cid, state, reason, stop=True, test_run=test_run, **more)
         if self.stop_at_conflicts:
             self.walk.stop = cell
+
+    # -- a settled stop: the person's files, or the failed proof run again ------------------
+
+    def settle(self, files: dict[str, bytes | None], renames: dict[str, str],
+               unproven: dict | None = None) -> Proof | None:  # fmt: skip
+        """The person's resolution of the stop (``rebase/settle.py``)."""
+        return settle.settle(self, files, renames, unproven)
+
+    def retry_proof(self) -> None:
+        """Run the stopped drop's proof again (the person fixed what made it fail)."""
+        settle.retry_proof(self)
+
+    # -- what the parts share: the release's files, the decision -----------------------------
+
+    def paths(self) -> list[str]:
+        """Every file the changes still carried touch."""
+        w = self.walk
+        return sorted({p for cid, f in w.forms.items() if cid not in w.gone for p in f.files})
+
+    def tree(self, paths: list[str]) -> dict[str, bytes | None]:
+        """The release's files as the changes so far leave them, ``paths`` among them."""
+        w = self.walk
+        missing = [p for p in paths if p not in w.tree]
+        if missing:
+            w.tree.update(self.blobs.keys(self.host.files(w.release, missing)))
+        return self.blobs.files(w.tree)
+
+    def decision(self, cid: str, rel: str, tree: dict[str, bytes | None]) -> decide.Outcome:
+        """The one decision for the change in its current form at ``rel`` on ``tree``."""
+        form = self.walk.forms[cid]
+        if self.memo is not None:  # a pure function of the form and the release's files
+            key = (cid, rel, form.at, json.dumps([form.files, form.tests, form.before,
+                   form.after], sort_keys=True),
+                   tuple((p, sha256_bytes(d) if d is not None else None)
+                         for p in form.files for d in [tree.get(p)]))  # fmt: skip
+            if key not in self.memo:
+                self.memo[key] = self._decide_now(cid, rel, tree)
+            return copy.deepcopy(self.memo[key])
+        return self._decide_now(cid, rel, tree)
+
+    def _decide_now(self, cid: str, rel: str, tree: dict[str, bytes | None]) -> decide.Outcome:
+        w = self.walk
+        form = w.forms[cid]
+        change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))
+        step = decide.Step(change, self.blobs.files(form.before), self.blobs.files(form.after))
+        labels = (f"{w.name} {rel}", f"{w.name} {form.at}", "our change")
+        r = decide.Release(w.name, rel, self.host.names(rel), lambda ps: self.host.files(rel, ps))
+        with tempfile.TemporaryDirectory(prefix="vllm-overlay-walk-") as tmp:
+            return decide.decide(step, decide.Scratch(Path(tmp)), tree, r,
+                                 self.host.names(form.at), labels)  # fmt: skip
+
+    def as_carried(self, cid: str) -> tuple[Change, dict[str, bytes]]:
+        """The change in its current form, and its own test files (what a proof stages)."""
+        form = self.walk.forms[cid]
+        change = replace(self.changes[cid], files=tuple(form.files), tests=tuple(form.tests))
+        own = {t.partition("::")[0] for t in form.tests}
+        return change, {p: d for p, d in self.blobs.files(form.after).items() if p in own and d}
+
+    def sides(self, cid: str) -> tuple[dict, dict, dict]:
+        """The change's files in the release as the walk meets them, at its base, and ours:
+        what a drop record is keyed by."""
+        form = self.walk.forms[cid]
+        tree = self.tree(form.files)
+        return ({p: tree.get(p) for p in form.files}, self.blobs.files(form.before),
+                self.blobs.files(form.after))  # fmt: skip

@@ -31,7 +31,6 @@ State = Literal[
 ]  # fmt: skip
 STATES: tuple[str, ...] = get_args(State)
 RECORD, WAITING, RESOLVED, TESTS_FAILED = "record", "waiting", "resolved", "tests-failed"
-STOPS = (decide.CONFLICT, decide.MOVED, decide.COLLISION, TESTS_FAILED)  # a stop's states
 
 
 # ---------------------------------------------------------------------------------------------
