@@ -51,7 +51,6 @@ def settled(w: Walk, overlay: Overlay) -> list[dict]:
 def report(ctx: Ctx, w: Walk, timings: dict[str, float] | None = None) -> dict:
     """Where the rebase stands, as plain data (the CLI renders it, or prints it as JSON)."""
     st = ctx.state
-    u = ctx.new_lock.upstream
     changes = settled(w, ctx.overlay)
     stopped = None
     if w.stop is not None:
@@ -76,25 +75,7 @@ def report(ctx: Ctx, w: Walk, timings: dict[str, float] | None = None) -> dict:
     return {
         "status": "stopped" if stopped else st.status,
         "from": {"version": st.from_version, "commit": st.from_commit},
-        "to": {
-            "name": u.name,
-            "version": u.version,
-            "tag": u.tag,
-            "commit": u.commit if st.commit_known else None,
-            "sdist_commit": st.sdist_commit,
-            "artifacts": [
-                {
-                    "kind": a.kind,
-                    "project": a.project,
-                    "filename": a.filename,
-                    "sha256": a.sha256,
-                    "size": a.size,
-                }
-                for a in ctx.new_lock.artifacts
-            ],  # fmt: skip
-            "variants": {v: ctx.new_lock.platforms(v) for v in ctx.new_lock.variants()},
-            "built_from_source": ctx.new_lock.source_line(),
-        },
+        "to": _to(ctx),
         "path": list(w.path),
         "at": w.release,
         "notes": list(st.pin_notes),
@@ -118,16 +99,37 @@ def report(ctx: Ctx, w: Walk, timings: dict[str, float] | None = None) -> dict:
         "waited": [c.to_json() for c in w.cells if c.state == WAITING and c.met],
         "stops": person_stops(w),
         "proof_releases": proofs,
-        "cells": [
-            {
-                "release": c.release,
-                "id": c.id,
-                "state": c.state,
-                **({"stop": True} if c.stop else {}),
-            }
-            for c in w.cells
-        ],  # fmt: skip
+        "cells": [_brief(c) for c in w.cells],
         "stopped_at": stopped,
+    }
+
+
+def _brief(c: Cell) -> dict:
+    """A cell as the report lists it: where, which change, its state, and whether a stop."""
+    return {"release": c.release, "id": c.id, "state": c.state} | ({"stop": True} if c.stop else {})
+
+
+def _to(ctx: Ctx) -> dict:
+    """The new pin: the release, its commit (None while unknown) and its artifacts."""
+    st, u = ctx.state, ctx.new_lock.upstream
+    return {
+        "name": u.name,
+        "version": u.version,
+        "tag": u.tag,
+        "commit": u.commit if st.commit_known else None,
+        "sdist_commit": st.sdist_commit,
+        "artifacts": [
+            {
+                "kind": a.kind,
+                "project": a.project,
+                "filename": a.filename,
+                "sha256": a.sha256,
+                "size": a.size,
+            }
+            for a in ctx.new_lock.artifacts
+        ],  # fmt: skip
+        "variants": {v: ctx.new_lock.platforms(v) for v in ctx.new_lock.variants()},
+        "built_from_source": ctx.new_lock.source_line(),
     }
 
 

@@ -83,19 +83,7 @@ def track(
             rep.update(status=UP_TO_DATE, message=f"upstream.lock already pins {name} {pinned}.")
             track_report.write(rep, report_dir)
             return rep
-        try:
-            earlier = _records_of_branch(project, f"track/vllm-{rel.version}")
-            copy = worktrees.make_copy(project, rel.version)
-        except worktrees.WorktreeError as e:
-            raise TrackError(str(e)) from e
-        _add_records(copy.project, earlier)
-        rep.update(
-            branch=copy.branch,
-            worktree=str(copy.worktree),
-            base_commit=rev_parse(copy.worktree, "HEAD"),
-            uncommitted=worktrees.uncommitted(project, copy.repo_root),
-        )
-        info(f"tracking {name} {pinned} -> {rel.version} in {copy.worktree} ({copy.branch})")
+        copy = _copy(project, rel.version, rep)
         checkout = copy.project.default_checkout
         try:
             result = rebase.start(
@@ -137,6 +125,25 @@ def track(
         )
         track_report.write(rep, report_dir)
         return rep
+
+
+def _copy(project: Project, version: str, rep: dict) -> worktrees.Copy:
+    """The copy to rebase (``track/worktrees.py``), with the resolution records of the previous
+    run's branch (read before the copy moves that branch); ``rep`` says where it is."""
+    try:
+        earlier = _records_of_branch(project, f"track/vllm-{version}")
+        copy = worktrees.make_copy(project, version)
+    except worktrees.WorktreeError as e:
+        raise TrackError(str(e)) from e
+    _add_records(copy.project, earlier)
+    rep.update(
+        branch=copy.branch,
+        worktree=str(copy.worktree),
+        base_commit=rev_parse(copy.worktree, "HEAD"),
+        uncommitted=worktrees.uncommitted(project, copy.repo_root),
+    )
+    info(f"tracking {rep['name']} {rep['from']} -> {version} in {copy.worktree} ({copy.branch})")
+    return copy
 
 
 def _hunks(result: dict) -> dict[str, str]:
