@@ -347,6 +347,31 @@ def test_stop_at_the_first_conflicting_release_then_continue(make_proj):
                    cwd=p.root).rc == 0  # fmt: skip
 
 
+def test_a_rebase_stopped_before_cells_were_typed_goes_on(make_proj):
+    """A rebase stopped by the version that saved a stop's state as "stopped" beside its
+    "kind" (and kept "unresolved" and "records_used" in the walk) is named and goes on."""
+    p = make_proj("stop")
+    assert to(p, "1.2.0").rc == 1
+    saved = p.root / ".work" / "rebase" / "state.json"
+    state = json.loads(saved.read_text())
+    walk = state["walk"]
+    old_stop = {**walk["stop"], "state": "stopped", "kind": walk["stop"]["state"]}
+    assert walk["cells"][-1] == walk["stop"]
+    walk.update(stop=old_stop, unresolved=[], records_used=[])
+    walk["cells"][-1] = old_stop
+    saved.write_text(json.dumps(state, indent=1))
+    res = to(p, "1.2.0")
+    assert res.rc == 1 and f"(stopped at change {CID} on 1.1.0 (conflict))" in res.err
+    resolve_stop(p)
+    res = rebase(p, "--continue", "--json")
+    assert res.rc == 0, res.err
+    rep = json.loads(res.out)
+    assert rep["status"] == "complete" and rep["resolved"] == [CID]
+    assert [(c["release"], c["state"], c.get("stop", False)) for c in rep["cells"]] == [
+        ("1.0.1", "kept", False), ("1.1.0", "conflict", True), ("1.1.0", "resolved", False),
+        ("1.2.0", "kept", False)]  # fmt: skip
+
+
 def test_the_same_conflict_is_asked_once(make_proj):
     """Resolved at 1.1.0, then the walk stops again at 1.2.0 (the second change) and is
     aborted: the next rebase applies the record (its tests pass) and asks only about 1.2.0."""
