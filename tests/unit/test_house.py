@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[2] / "tools" / "vllm_overlay"
 STAGES = (
     "base", "index", "pin", "overlay", "wheel", "envs", "testing", "rebase", "track", "cli",
 )  # fmt: skip
-BASE_MODULES = {"__init__", "errors", "util", "gitrepo", "progress"}
+BASE_MODULES = {"__init__", "errors", "util", "gitrepo", "progress", "process"}
 CLI_MODULES = {"main", "__main__", "commands"}
 
 

@@ -136,8 +136,8 @@ class ChangeImportError(OverlayError):
 
 
 def missing_program(program: object, error: OSError) -> OverlayError:
-    """The error for a child process whose program does not exist (util.run and progress,
-    the pytest runner, the git layer)."""
+    """The error for a child process whose program does not exist (``process``, the one
+    runner, and the git layer's GitPython)."""
     return OverlayError(
         f"{program} is not installed or not on PATH ({error}). Install it and try again."
     )

@@ -29,7 +29,7 @@ from git.diff import INDEX
 from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound
 
 from vllm_overlay.errors import CommandError, OverlayError, missing_program
-from vllm_overlay.util import Output
+from vllm_overlay.process import Output
 
 Repo = gitpython.Repo
 IDENTITY = ("vllm-overlay", "vllm-overlay@localhost")
