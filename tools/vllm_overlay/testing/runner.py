@@ -28,9 +28,9 @@ from pathlib import Path
 
 from vllm_overlay import process, util
 from vllm_overlay.envs import childenv
-from vllm_overlay.errors import SuiteError
+from vllm_overlay.errors import JunitError, SuiteError
 from vllm_overlay.testing import contract as suite_plugin
-from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit_file
+from vllm_overlay.testing.junit import TestResult, parse_junit_file
 
 PLUGIN_MODULE = "vllm_overlay_suite_plugin"
 PROGRESS_EVERY = 20.0

@@ -34,7 +34,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import BuildError
+from vllm_overlay.errors import BuildError, PreflightError, WrongTargetError
 from vllm_overlay.process import run
 from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist
 
@@ -92,14 +92,6 @@ for name in sys.argv[1:]:
         out["packages"][name] = None
 print(json.dumps(out))
 """
-
-
-class PreflightError(BuildError):
-    """The build environment cannot produce the wheel asked for; nothing was built."""
-
-
-class WrongTargetError(BuildError):
-    """vLLM's setup.py built something other than the CUDA wheel asked for (e.g. +cpu)."""
 
 
 @dataclass(frozen=True)
