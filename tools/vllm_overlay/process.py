@@ -56,6 +56,8 @@ _ESCAPES = re.compile(rb"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[@-Z\\-_])")
 
 @dataclass(frozen=True)
 class Output:
+    """What a child that ran to its end gave: its return code and its output."""
+
     returncode: int
     stdout: str
     stderr: str
