@@ -30,7 +30,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from vllm_overlay import rebase
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import OverlayError, TrackError
 from vllm_overlay.gitrepo import git, rev_parse, show_bytes
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.rebase import records
@@ -42,10 +42,6 @@ from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info, lock_if_
 
 UP_TO_DATE, READY, NEEDS_PERSON = "up-to-date", "ready", "needs-person"
 EXIT = {UP_TO_DATE: 0, READY: 0, NEEDS_PERSON: 1}
-
-
-class TrackError(OverlayError):
-    """The tracking run could not start (the project is not in git, …)."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ import zipfile
 from pathlib import Path
 
 from vllm_overlay.errors import BuildError
-from vllm_overlay.util import info, run
+from vllm_overlay.process import run
+from vllm_overlay.util import info
 from vllm_overlay.wheel.setupbuild import SOURCE_DATE_EPOCH
 
 # torch's own libraries, which the torch the wheel requires provides (never grafted).
