@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from vllm_overlay import util  # noqa: E402
+from vllm_overlay import process, util  # noqa: E402
 from vllm_overlay.envs.childenv import clean_environ  # noqa: E402
 
 PHASES = ("venv", "testenv", "unit", "test", "upstream", "warm")
@@ -48,7 +48,7 @@ class Bench:
         self.logs = work / "logs"
         self.logs.mkdir(parents=True)
         self.figures: dict[str, dict[str, float | str]] = {}
-        util.run("git", "clone", "-q", "--no-hardlinks", repo, self.clone)
+        process.run("git", "clone", "-q", "--no-hardlinks", repo, self.clone)
         self.venv = work / "venv-uv"
         self.tree: Path | None = None
 
@@ -70,7 +70,7 @@ class Bench:
     def timed(self, name: str, argv: list[str | os.PathLike[str]], env: dict[str, str]) -> float:
         util.info(f"bench: {name} ...")
         started = time.monotonic()
-        out = util.run(*argv, cwd=self.clone, env=env, check=False)
+        out = process.run(*argv, cwd=self.clone, env=env, check=False)
         seconds = time.monotonic() - started
         log = self.logs / f"{name}.log"
         log.write_text(
@@ -97,7 +97,7 @@ class Bench:
         if self.tree is None:
             self.ensure_venv()
             self.tree = self.work / "vllm"
-            util.run(
+            process.run(
                 self.venv / "bin" / "vllm-overlay", "apply", "--pristine", "--checkout",
                 self.tree, cwd=self.clone, env=self.env("tree"),
             )  # fmt: skip

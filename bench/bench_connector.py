@@ -117,7 +117,7 @@ def main() -> int:
 def _parent(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(REPO / "tools"))
     os.environ.setdefault("VLLM_OVERLAY_PROJECT", str(REPO))
-    from vllm_overlay import util
+    from vllm_overlay import process, util
     from vllm_overlay.envs import testenv
     from vllm_overlay.gitrepo import show_bytes
     from vllm_overlay.overlay.checkout import apply_overlay, plan
@@ -154,7 +154,7 @@ def _parent(args: argparse.Namespace) -> int:
         spec.pop("child"), spec.pop("work"), spec.pop("json")
         spec_file = work / "spec.json"
         util.atomic_write_text(spec_file, json.dumps(spec, indent=2))
-        out = util.run(
+        out = process.run(
             env.python, __file__, "--child", spec_file,
             env=env.environ(work / "scratch", tree), cwd=work,
             hint="the connector bench's child failed; its output is above.",

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 from vllm_overlay.overlay.project import Project
+from vllm_overlay.process import run
 from vllm_overlay.rebase.host import load_series
 from vllm_overlay.rebase.releases import newer_releases
-from vllm_overlay.util import cache_dir, run
+from vllm_overlay.util import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

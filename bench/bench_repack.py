@@ -39,7 +39,8 @@ from pathlib import Path
 
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import ensure_artifact
-from vllm_overlay.util import find_uv, run
+from vllm_overlay.process import run
+from vllm_overlay.util import find_uv
 from vllm_overlay.wheel.build import DEFAULT_PLATFORM, BuildOptions, build, plan_build
 from vllm_overlay.wheel.provenance import render
 from vllm_overlay.wheel.repack import RepackInput, repack

@@ -288,9 +288,10 @@ def tiny_models(env) -> dict[str, str]:
     key = hashlib.sha256(MODELS.read_bytes() + "\n".join(writers).encode()).hexdigest()[:16]
     dest = util.cache_dir() / "engine-models" / key
     index = dest / "models.json"
-    # Written once under the exclusive lock; every user (each pytest-xdist worker) then holds
-    # it shared until it ends, so a reader never takes it exclusively: the other worker's
-    # hold would keep it waiting for the whole run.
+    # Written once, under the exclusive lock; every user (each pytest-xdist worker) then holds
+    # it shared until it ends. A worker that found them missing stops waiting for that lock
+    # as soon as another worker's models are there (`util.exclusive_lock(..., unless=)`):
+    # the other's hold would keep it waiting for the whole run.
     if not index.is_file():
         _write_models(env, dest, key)
     # In use by this run until it ends: `vllm-overlay cache prune` passes them by.

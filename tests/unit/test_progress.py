@@ -1,4 +1,4 @@
-"""Long work shows itself (util.run with a log, progress.py): real child processes, their logs
+"""Long work shows itself (process.run with a log, progress.py): real child processes, their logs
 read while they run, interrupted by real signals, shown on a pipe and on a real terminal (pty).
 
 Nothing here waits on the clock: each test synchronizes on what it made (a line in the log, a
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_overlay import util
+from vllm_overlay import process
 from vllm_overlay.errors import CommandError
 
 # A child that prints its first lines (stdout and stderr), then waits for a file the test
@@ -37,16 +37,16 @@ CHILD = textwrap.dedent("""\
     sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
 """)
 
-# The tool's side, in a process of its own: util.run streaming the child into a log, under
+# The tool's side, in a process of its own: process.run streaming the child into a log, under
 # main's handling of Ctrl-C (exit 130).
 RUNNER = textwrap.dedent("""\
     import signal, sys
-    from vllm_overlay import util
+    from vllm_overlay import process
     # as at a terminal: pytest-xdist's workers start children with SIGINT ignored
     signal.signal(signal.SIGINT, signal.default_int_handler)
     child, go, log = sys.argv[1:4]
     try:
-        util.run(sys.executable, child, go, log=log, what="the child", interval=0)
+        process.run(sys.executable, child, go, log=log, what="the child", interval=0)
     except KeyboardInterrupt:
         print("vllm-overlay: interrupted", file=sys.stderr)
         sys.exit(130)
@@ -77,7 +77,7 @@ def test_the_log_holds_the_first_lines_while_the_child_runs(tmp_path, child):
 
     def tool() -> None:
         try:
-            util.run(sys.executable, child, go, "3", log=log, what="the child", interval=0)
+            process.run(sys.executable, child, go, "3", log=log, what="the child", interval=0)
         except CommandError as e:
             got["error"] = e
 
@@ -185,8 +185,8 @@ def test_a_child_that_draws_its_own_progress_draws_it_on_the_terminal(tmp_path):
 print('is a tty:', sys.stdout.isatty())
 print('\x1b[32m 10%\x1b[0m', end='\r', flush=True)
 print('\x1b[32m100%\x1b[0m done')"""
-    code = (f"from vllm_overlay import util; import sys\n"
-            f"util.run(sys.executable, '-c', {draw!r}, log={str(log)!r}, what='bar', "
+    code = (f"from vllm_overlay import process; import sys\n"
+            f"process.run(sys.executable, '-c', {draw!r}, log={str(log)!r}, what='bar', "
             "terminal=True)")  # fmt: skip
     shown = on_a_terminal([sys.executable, "-c", code])
     assert "is a tty: True" in shown and "\x1b[32m 10%" in shown  # drawn as the child drew it
@@ -196,10 +196,10 @@ print('\x1b[32m100%\x1b[0m done')"""
 SUITE_RUNNER = """
 import sys
 from pathlib import Path
-from vllm_overlay.testing import runner
+from vllm_overlay import process
 cmd = [sys.executable, "-c", "import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"]
-with open(sys.argv[1], "ab") as log, runner._process_group(cmd, dict(__import__("os").environ),
-                                                           Path("."), log) as proc:
+with open(sys.argv[1], "ab") as log, process.group(cmd, env=dict(__import__("os").environ),
+                                                   cwd=Path("."), stdout=log) as proc:
     proc.wait()
 """
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from vllm_overlay.envs import childenv
-from vllm_overlay.errors import SuiteError, UsageError
+from vllm_overlay.errors import CorruptBaseline, JunitError, SuiteError, UsageError
 from vllm_overlay.testing import baseline, causes, proving, runner, suite
 from vllm_overlay.testing import plugin as suite_plugin
 from vllm_overlay.testing import side as sides
-from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit
+from vllm_overlay.testing.junit import TestResult, parse_junit
 from vllm_overlay.testing.report import RunInfo, RunView, compare, render_text, to_json
 
 UNIT = "tests/v1/kv_connector/unit"
@@ -358,7 +358,7 @@ def test_baseline_cache_round_trip_and_corruption():
     }
     for what, text in corruptions.items():
         path.write_text(text)
-        with pytest.raises(baseline.CorruptBaseline, match="is corrupt"):
+        with pytest.raises(CorruptBaseline, match="is corrupt"):
             baseline.load_baseline(key)
         assert what
 

@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from vllm_overlay import util
+from vllm_overlay import process, util
 from vllm_overlay.envs import childenv, testenv, tritoncpu
 from vllm_overlay.errors import BusyError, OverlayError
 
@@ -259,7 +259,7 @@ def test_ensure_builds_once_then_returns_at_once(tmp_path, monkeypatch):
     assert first.path == util.cache_dir() / "testenv" / testenv.recipe(tree).hash
     assert first.torch_version == "2.13.0+cpu"
     monkeypatch.setattr(testenv, "_build", no_subprocess)
-    monkeypatch.setattr(util, "run", no_subprocess)
+    monkeypatch.setattr(process, "run", no_subprocess)
     assert testenv.ensure_testenv(tree) == first
     assert calls == [first.recipe_hash]
 

@@ -1,10 +1,16 @@
-"""The one error family of vllm-overlay.
+"""The one error family of vllm-overlay, and every exception class of the tool.
 
 Every expected failure is an ``OverlayError``: the CLI prints its message (no traceback)
-and exits 1. A message names what was expected, what was found, and what to do next.
+and exits 1. A message names what was expected, what was found, and what to do next. One
+class per condition, each with a docstring; a stage's own conditions derive from its base
+(``BuildError`` for the wheels, ``SuiteError`` for the tests, ``RebaseError`` for a rebase).
+No module defines an exception class anywhere else (``tests/unit/test_house.py``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
 
 
 class OverlayError(Exception):
@@ -105,6 +111,38 @@ class BuildError(OverlayError):
     """A wheel could not be built or failed verification."""
 
 
+class PreflightError(BuildError):
+    """The build environment cannot produce the wheel asked for; nothing was built."""
+
+
+class WrongTargetError(BuildError):
+    """vLLM's setup.py built something other than the CUDA wheel asked for (e.g. +cpu)."""
+
+
+class VerifyError(BuildError):
+    """A wheel failed verification; the message lists each failing member and check."""
+
+    max_shown = 25  # problems listed; the rest are counted
+
+    def __init__(self, path: Path, problems: Sequence[str]) -> None:
+        self.path = path
+        self.problems = list(problems)
+        shown = self.problems[: self.max_shown]
+        more = len(self.problems) - len(shown)
+        text = "\n".join(f"  - {p}" for p in shown)
+        if more:
+            text += f"\n  … and {more} more"
+        super().__init__(
+            f"{path.name} failed verification ({len(self.problems)} problem(s)):\n{text}\n"
+            "Do not publish this wheel. Rebuild it with `vllm-overlay build`; if the problem "
+            "persists, it is a bug in the build (report it with this output)."
+        )
+
+
+class ZipFormatError(BuildError):
+    """A zip archive is malformed or uses a feature this writer does not copy."""
+
+
 class PublishError(OverlayError):
     """A wheel could not be published."""
 
@@ -119,8 +157,29 @@ class TestBuildError(PublishError):
     __test__ = False  # not a test class, whatever pytest's collector thinks of its name
 
 
+class BuildEnvError(OverlayError):
+    """The build environment cannot be built from its constraints file."""
+
+
+class EngineEnvError(OverlayError):
+    """The engine environment of a wheel cannot be built (a pinned package is missing)."""
+
+
+class ClientEnvError(OverlayError):
+    """The client environment cannot be built (the requirement is not one pinned version, or
+    the index lacks a package)."""
+
+
 class SuiteError(OverlayError):
     """The test suite could not be run or found new failures."""
+
+
+class JunitError(SuiteError):
+    """A JUnit XML report is missing, unreadable or not pytest's."""
+
+
+class CorruptBaseline(SuiteError):
+    """A cached baseline that cannot be trusted; it is rebuilt."""
 
 
 class RebaseError(OverlayError):
@@ -131,13 +190,29 @@ class ResolutionNotProvenError(RebaseError):
     """A person's resolution of a stop fails the change's tests: it is not recorded."""
 
 
+class RebaseInProgressError(RebaseError):
+    """A rebase is stopped in this project; it must be continued or aborted first."""
+
+
+class NoRebaseError(RebaseError):
+    """--continue or --abort without a rebase in progress."""
+
+
+class ReleaseError(UsageError):
+    """A release that cannot be a target (no sdist, yanked, not on the index)."""
+
+
+class TrackError(OverlayError):
+    """The tracking run could not start (the project is not in git, …)."""
+
+
 class ChangeImportError(OverlayError):
     """An upstream change could not be imported: bad patch, unreachable host, or a stop."""
 
 
 def missing_program(program: object, error: OSError) -> OverlayError:
-    """The error for a child process whose program does not exist (util.run and progress,
-    the pytest runner, the git layer)."""
+    """The error for a child process whose program does not exist (``process``, the one
+    runner, and the git layer's GitPython)."""
     return OverlayError(
         f"{program} is not installed or not on PATH ({error}). Install it and try again."
     )

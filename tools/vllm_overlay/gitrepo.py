@@ -29,7 +29,7 @@ from git.diff import INDEX
 from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound
 
 from vllm_overlay.errors import CommandError, OverlayError, missing_program
-from vllm_overlay.util import Output
+from vllm_overlay.process import Output
 
 Repo = gitpython.Repo
 IDENTITY = ("vllm-overlay", "vllm-overlay@localhost")
@@ -317,23 +317,9 @@ def uncommitted(repo: Repo) -> list[str]:
     return lines
 
 
-def has_staged(repo: Repo) -> bool:
-    """The index differs from HEAD."""
-    return bool(staged(repo))
-
-
 def unmerged(repo: Repo) -> list[str]:
     """Paths the index holds in conflict (stages 1-3)."""
     return sorted(str(p) for p in repo.index.unmerged_blobs())
-
-
-def renames_between(repo: Repo, old: str, new: str) -> dict[str, list[tuple[str, int]]]:
-    """old path -> [(new path, similarity %)] that git's rename detection finds (no limit)."""
-    out: dict[str, list[tuple[str, int]]] = {}
-    for d in repo.commit(old).diff(new, find_renames=True, l="0", diff_filter="R"):
-        if d.rename_from and d.rename_to:
-            out.setdefault(d.rename_from, []).append((d.rename_to, int(d.score or 0)))
-    return out
 
 
 def is_ancestor(repo: Repo, ancestor: str, rev: str) -> bool:

@@ -1,4 +1,4 @@
-"""Small shared helpers: the one subprocess wrapper, hashing, atomic writes, locks."""
+"""Small shared helpers: hashing, atomic writes, link-into-place, locks, the cache and uv."""
 
 from __future__ import annotations
 
@@ -8,85 +8,13 @@ import fcntl
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from vllm_overlay.errors import BusyError, CommandError, OverlayError, UsageError, missing_program
-
-
-@dataclass(frozen=True)
-class Output:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run(
-    *cmd: str | os.PathLike[str],
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    check: bool = True,
-    input: str | None = None,
-    hint: str = "",
-    timeout: float | None = None,
-    log: str | os.PathLike[str] | None = None,
-    what: str = "",
-    interval: float | None = None,
-    header: str = "",
-    terminal: bool = False,
-) -> Output:
-    """Run a command (argument list, never a shell string) and capture its output.
-
-    On a non-zero exit with ``check`` the ``CommandError`` carries the command, the return
-    code, stdout and stderr, and ``hint`` (what to do next).
-
-    ``log``: long work. The output (stdout and stderr together, in order, returned as
-    ``stdout``) is written to ``log`` as it comes, after ``header``, and stderr shows ``what``
-    is running (progress.py: in place on a terminal, a plain line every ``interval`` seconds
-    elsewhere); Ctrl-C or SIGTERM stops the child and keeps the log. ``terminal``: on a
-    terminal, the child gets one and draws its own progress there. No ``input``.
-    """
-    argv = tuple(os.fspath(c) for c in cmd)
-    if log is not None:
-        from vllm_overlay import progress
-
-        rc, text = progress.run_logged(
-            argv, log=Path(log), what=what or os.path.basename(argv[0]), cwd=cwd, env=env,
-            check=check, hint=hint, timeout=timeout, interval=interval, header=header,
-            terminal=terminal,
-        )  # fmt: skip
-        return Output(rc, text, "")
-    try:
-        proc = subprocess.run(
-            argv,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=None if input is not None else subprocess.DEVNULL,
-        )
-    except FileNotFoundError as e:
-        raise missing_program(argv[0], e) from e
-    except subprocess.TimeoutExpired as e:
-        raise CommandError(
-            argv, -1, _text(e.stdout), _text(e.stderr), f"timed out after {timeout} s"
-        ) from e
-    if check and proc.returncode != 0:
-        raise CommandError(argv, proc.returncode, proc.stdout, proc.stderr, hint)
-    return Output(proc.returncode, proc.stdout, proc.stderr)
-
-
-def _text(b: bytes | str | None) -> str:
-    if b is None:
-        return ""
-    return b if isinstance(b, str) else b.decode(errors="replace")
+from vllm_overlay.errors import BusyError, OverlayError, UsageError
 
 
 def sha256_bytes(data: bytes) -> str:

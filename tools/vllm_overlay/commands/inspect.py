@@ -13,7 +13,7 @@ from vllm_overlay.errors import OverlayError, UsageError
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Artifact
 from vllm_overlay.pin.pinning import variant_projects
-from vllm_overlay.util import run as run_cmd
+from vllm_overlay.process import run as run_cmd
 from vllm_overlay.wheel.diff import member_diff
 from vllm_overlay.wheel.provenance import PROVENANCE_NAME, parse, read_from_wheel, render, summary
 

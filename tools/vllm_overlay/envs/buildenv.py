@@ -18,14 +18,10 @@ from pathlib import Path
 from vllm_overlay import util
 from vllm_overlay.envs import envbuild, layout
 from vllm_overlay.envs.envbuild import PYTHON
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import BuildEnvError, OverlayError
 
 FORMAT = layout.FORMATS["build-env"]
 KIND = layout.BUILD_KIND  # in the recipe: what tells this kind apart in the cache
-
-
-class BuildEnvError(OverlayError):
-    """The build environment cannot be built from its constraints file."""
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,9 @@ from vllm_overlay import util
 from vllm_overlay.envs import envbuild, layout
 from vllm_overlay.envs.childenv import CLIENT_TMP_PREFIX, scratch_environ, short_dir
 from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import ClientEnvError, OverlayError
 
 FORMAT = layout.FORMATS["client-env"]  # bumped there (the cache reads it)
-
-
-class ClientEnvError(OverlayError):
-    """The client environment cannot be built (the requirement is not one pinned version, or
-    the index lacks a package)."""
 
 
 @dataclass(frozen=True)

@@ -48,14 +48,10 @@ from vllm_overlay import util
 from vllm_overlay.envs import envbuild, installer, layout
 from vllm_overlay.envs.childenv import RPC_PREFIX, scratch_environ, short_dir
 from vllm_overlay.envs.envbuild import CONSTRAINTS_DIR, FREEZE, PYTHON
-from vllm_overlay.errors import CommandError, OverlayError
+from vllm_overlay.errors import CommandError, EngineEnvError, OverlayError
 
 FORMAT = layout.FORMATS["engine-env"]  # bumped there (the cache reads it)
 OVERRIDES = "overrides.txt"
-
-
-class EngineEnvError(OverlayError):
-    """The engine environment of a wheel cannot be built (a pinned package is missing)."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from vllm_overlay import util
+from vllm_overlay import process, util
 from vllm_overlay.envs import cache, installer
 from vllm_overlay.envs.childenv import clean_environ
 from vllm_overlay.envs.layout import MARKER, RECIPE, VENV, lock_path, read_marker, root
@@ -219,7 +219,7 @@ def install_log(recipe_hash: str) -> Path:
     return util.cache_dir() / "logs" / f"env-{recipe_hash}.install.log"
 
 
-def finish_venv(v: Venv, staging: Path, out: util.Output, recipe_json: str, tag: str,
+def finish_venv(v: Venv, staging: Path, out: process.Output, recipe_json: str, tag: str,
                 **marker: object) -> dict:  # fmt: skip
     """The skeleton's end: the install log, the freeze, the recipe; the marker to write."""
     util.atomic_write_text(staging / "install.log", out.stdout + out.stderr)
@@ -232,7 +232,7 @@ def finish_venv(v: Venv, staging: Path, out: util.Output, recipe_json: str, tag:
 
 def installed_versions(v: Venv, code: str) -> list[str]:
     """What ``code`` prints in the new environment, split (the versions a marker records)."""
-    return util.run(v.python, "-c", code, env=v.env).stdout.split()
+    return process.run(v.python, "-c", code, env=v.env).stdout.split()
 
 
 def _retarget_scripts(staging: Path, final: Path) -> None:

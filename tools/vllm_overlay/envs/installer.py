@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import util
+from vllm_overlay import process, util
 
 
 @dataclass(frozen=True)
 class Installer:
     """uv (``uv`` is its path) or pip (``uv`` is None). With ``log``, an install streams
-    its output there as it runs and says so on stderr (``util.run(log=...)``)."""
+    its output there as it runs and says so on stderr (``process.run(log=...)``)."""
 
     uv: str | None
     log: Path | None = None
@@ -37,9 +37,11 @@ class Installer:
     def venv(self, python: str, dest: Path, env: dict[str, str]) -> Path:
         """A new virtualenv at ``dest`` made from ``python``; returns its interpreter."""
         if self.uv:
-            util.run(self.uv, "venv", "--quiet", "--no-config", "--python", python, dest, env=env)
+            process.run(
+                self.uv, "venv", "--quiet", "--no-config", "--python", python, dest, env=env
+            )
         else:
-            util.run(python, "-m", "venv", dest, env=env)
+            process.run(python, "-m", "venv", dest, env=env)
         return dest / "bin" / "python"
 
     def install_command(self, python: Path | str) -> list[str]:
@@ -60,10 +62,10 @@ class Installer:
 
     def install(
         self, python: Path, args: Sequence[str], env: dict[str, str], hint: str
-    ) -> util.Output:
+    ) -> process.Output:
         if self.log is None:
-            return util.run(*self.install_command(python), *args, env=env, hint=hint)
-        return util.run(*self.install_command(python), *args, env=env, hint=hint, log=self.log,
+            return process.run(*self.install_command(python), *args, env=env, hint=hint)
+        return process.run(*self.install_command(python), *args, env=env, hint=hint, log=self.log,
                         what=f"{self.name} install")  # fmt: skip
 
     def freeze(self, python: Path, env: dict[str, str]) -> str:
@@ -72,7 +74,7 @@ class Installer:
             argv = [self.uv, "pip", "freeze", "--no-config", "--python", os.fspath(python)]
         else:
             argv = [os.fspath(python), "-m", "pip", "freeze", "--all"]
-        return util.run(*argv, env=env).stdout
+        return process.run(*argv, env=env).stdout
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         """The environment the installer runs in."""

@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import IndexAuthError, IndexError_
 from vllm_overlay.index.auth import Auth, Credentials, host_key, redact, split_userinfo
-from vllm_overlay.util import run
+from vllm_overlay.process import run
 
 JSON_CT = "application/vnd.pypi.simple.v1+json"
 ACCEPT = f"{JSON_CT}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"

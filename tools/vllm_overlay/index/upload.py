@@ -27,8 +27,9 @@ from vllm_overlay.errors import CommandError, PublishError
 from vllm_overlay.index.auth import Auth, redact, remember_secret, split_userinfo
 from vllm_overlay.index.client import IndexClient, pip_setting
 from vllm_overlay.index.wheels import PublishResult, WheelFile
+from vllm_overlay.process import run
 from vllm_overlay.progress import is_terminal
-from vllm_overlay.util import cache_dir, run
+from vllm_overlay.util import cache_dir
 
 ENV_USERNAME = "VLLM_OVERLAY_INDEX_USERNAME"
 ENV_PASSWORD = "VLLM_OVERLAY_INDEX_PASSWORD"

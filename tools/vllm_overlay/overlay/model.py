@@ -35,7 +35,6 @@ RUNNER_FILES = {
     "v1": "vllm/v1/worker/gpu_model_runner.py",
     "v2": "vllm/v1/worker/gpu/model_runner.py",
 }
-_HISTORY_KEYS = ("id", "title", "origin", "dropped_in", "reason", "proof")
 
 
 @dataclass(frozen=True)
@@ -96,10 +95,6 @@ class Overlay:
     def all_files(self) -> list[str]:
         """Every path the series touches, once each, in first-touch order."""
         return list(dict.fromkeys(p for c in self.changes for p in c.files))
-
-    def change_dir(self, change_id: str) -> Path:
-        """``overlay/<change-id>/``: the change's files, at vLLM's paths below it."""
-        return safe_join(self.dir, change_id)
 
     def patch_file(self, change_id: str, path: str) -> Path:
         """``overlay/<change-id>/<path>.patch``: the change's patch of a file that exists

@@ -23,7 +23,8 @@ from pathlib import Path
 from vllm_overlay.errors import DownloadError, IntegrityError
 from vllm_overlay.pin.artifacts import cached_path, lock_path, verify_file
 from vllm_overlay.pin.lockfile import Artifact, SourceInput
-from vllm_overlay.util import cache_dir, exclusive_lock, hold, info, release, run, touch
+from vllm_overlay.process import run
+from vllm_overlay.util import cache_dir, exclusive_lock, hold, info, release, touch
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 APT_SOURCES = (Path("/etc/apt/sources.list.d"), Path("/etc/apt/sources.list"))

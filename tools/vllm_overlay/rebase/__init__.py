@@ -20,17 +20,11 @@ The package, as the pipeline runs:
 ``track`` and ``outlook`` run the same walk; only the rebase writes the project.
 """
 
+from vllm_overlay.errors import NoRebaseError, RebaseInProgressError
 from vllm_overlay.rebase.decide import DROPPED, KEPT, REFRESHED
 from vllm_overlay.rebase.driver import abort, continue_, start
 from vllm_overlay.rebase.report import next_steps, report
-from vllm_overlay.rebase.state import (
-    STOP_COMMIT,
-    STOP_KINDS,
-    STOP_TESTS,
-    NoRebaseError,
-    RebaseInProgressError,
-    in_progress,
-)
+from vllm_overlay.rebase.state import STOP_COMMIT, STOP_KINDS, STOP_TESTS, in_progress
 from vllm_overlay.rebase.target import latest_release, release_of_commit, resolve_target
 from vllm_overlay.rebase.walkdata import RECORD, RESOLVED
 

@@ -33,7 +33,6 @@ from vllm_overlay.overlay.model import RUNNER_FILES, Change
 
 KEPT, REFRESHED, DROPPED = "kept", "refreshed", "dropped"
 CONFLICT, MOVED, COLLISION = "conflict", "moved", "collision"
-STATES = (KEPT, REFRESHED, DROPPED, CONFLICT, MOVED, COLLISION)
 CLEAN = (KEPT, REFRESHED, DROPPED)  # a rebase goes through without a person
 CONTEXT = 3
 

@@ -20,7 +20,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.errors import RebaseError, ResolutionNotProvenError, UsageError
+from vllm_overlay.errors import (
+    RebaseError,
+    RebaseInProgressError,
+    ResolutionNotProvenError,
+    UsageError,
+)
 from vllm_overlay.gitrepo import config_get, config_set, set_ref, show_bytes, uncommitted
 from vllm_overlay.overlay import history
 from vllm_overlay.overlay.checkout import APPLIED_REF, DIGEST_KEY, check_consistency
@@ -40,7 +45,6 @@ from vllm_overlay.rebase.state import (
     OLD_BASE_REF,
     Ctx,
     Paths,
-    RebaseInProgressError,
     State,
     backup,
     context,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import IntegrityError, UsageError
+from vllm_overlay.errors import IntegrityError, ReleaseError, UsageError
 from vllm_overlay.index.auth import redact
 from vllm_overlay.index.client import (
     IndexFile,
@@ -24,10 +24,6 @@ from vllm_overlay.index.client import (
 )
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Artifact
-
-
-class ReleaseError(UsageError):
-    """A release that cannot be a target (no sdist, yanked, not on the index)."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from vllm_overlay.errors import CheckoutError, RebaseError
+from vllm_overlay.errors import CheckoutError, NoRebaseError, RebaseError
 from vllm_overlay.gitrepo import (
     HeadState,
     Repo,
@@ -53,14 +53,6 @@ STOP_CONFLICT, STOP_COLLISION, STOP_MOVED, STOP_TESTS, STOP_COMMIT = (
     "commit-unknown",
 )
 STOP_KINDS = (STOP_CONFLICT, STOP_COLLISION, STOP_MOVED, STOP_TESTS)  # stops at a change
-
-
-class RebaseInProgressError(RebaseError):
-    """A rebase is stopped in this project; it must be continued or aborted first."""
-
-
-class NoRebaseError(RebaseError):
-    """--continue or --abort without a rebase in progress."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from vllm_overlay import util
 from vllm_overlay.envs import childenv
-from vllm_overlay.errors import SuiteError
+from vllm_overlay.errors import CorruptBaseline, JunitError
 from vllm_overlay.testing import contract as suite_plugin
 from vllm_overlay.testing import runner, side
-from vllm_overlay.testing.junit import JunitError, parse_junit
+from vllm_overlay.testing.junit import parse_junit
 from vllm_overlay.testing.side import RunEnv, RunOptions, SideRun
 
 FORMAT = 1  # of the cached baseline entry
@@ -76,10 +76,6 @@ def store_baseline(key: BaselineKey, run: SideRun) -> Path:
     }
     util.atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return path
-
-
-class CorruptBaseline(SuiteError):
-    """A cached baseline that cannot be trusted; it is rebuilt."""
 
 
 def load_baseline(key: BaselineKey) -> SideRun | None:

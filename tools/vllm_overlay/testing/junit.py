@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vllm_overlay.errors import SuiteError
+from vllm_overlay.errors import JunitError
 from vllm_overlay.testing.contract import MARKERS_PROPERTY  # noqa: F401 (re-exported)
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
@@ -51,10 +51,6 @@ class TestResult:
             return ""
         line = (lines[0] if self.message.strip() else lines[-1]).strip()
         return line if len(line) <= 160 else line[:157] + "..."
-
-
-class JunitError(SuiteError):
-    """A JUnit XML report is missing, unreadable or not pytest's."""
 
 
 def parse_junit_file(path: Path) -> dict[str, TestResult]:

@@ -1,7 +1,7 @@
 """The one way this tool runs pytest: `suite` (both sides) and a rebase's proofs use it.
 
-``run_pytest`` runs ``python -m pytest ARGS`` in its own process group (pytest and its
-workers are all stopped if we stop early), with:
+``run_pytest`` runs ``python -m pytest ARGS`` in its own process group (``process.group``:
+pytest and its workers are all stopped, as every child is, if we stop early), with:
 
 - our pytest plugin (``vllm_overlay.testing.plugin``: markers, collected ids, progress, hard
   watchdog), copied beside the run and loaded with ``-p``;
@@ -20,18 +20,17 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import errors, progress, util
+from vllm_overlay import process, util
 from vllm_overlay.envs import childenv
-from vllm_overlay.errors import SuiteError
+from vllm_overlay.errors import JunitError, SuiteError
 from vllm_overlay.testing import contract as suite_plugin
-from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit_file
+from vllm_overlay.testing.junit import TestResult, parse_junit_file
 
 PLUGIN_MODULE = "vllm_overlay_suite_plugin"
 PROGRESS_EVERY = 20.0
@@ -174,7 +173,7 @@ def _run_with_progress(
     util.info(f"{label}: running the tests (log: {files.log})")
     with open(files.log, "wb") as log:
         log.write(f"$ {' '.join(cmd)}\n\n".encode())
-    with open(files.log, "ab") as log, _process_group(cmd, environ, cwd, log) as proc:
+    with open(files.log, "ab") as log, process.group(cmd, cwd=cwd, env=environ, stdout=log) as proc:
         last = ""
         next_report = started + PROGRESS_EVERY
         while True:
@@ -194,46 +193,6 @@ def _run_with_progress(
                 if line != last:
                     util.info(line)
                     last = line
-
-
-@contextlib.contextmanager
-def _process_group(
-    cmd: list[str], environ: dict[str, str], cwd: Path, log: object
-) -> Iterator[subprocess.Popen[bytes]]:
-    """pytest and its workers in their own process group, all stopped if we stop early.
-
-    The one place a child runs outside ``util.run``: it must not wait for the child's exit
-    to report progress, and must kill the whole group, workers included.
-    """
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=environ,
-            stdin=subprocess.DEVNULL,
-            stdout=log,  # type: ignore[arg-type]
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    except FileNotFoundError as e:
-        raise errors.missing_program(cmd[0], e) from e
-    try:
-        with progress.sigterm_interrupts():  # a stopped tool leaves no pytest running
-            yield proc
-    finally:
-        if proc.poll() is None:
-            _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def progress_line(label: str, progress_file: Path, elapsed: float) -> str:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import util
-from vllm_overlay.errors import OverlayError, SuiteError, UsageError
-from vllm_overlay.testing.junit import JunitError, TestResult, parse_junit_file
+from vllm_overlay.errors import JunitError, OverlayError, SuiteError, UsageError
+from vllm_overlay.testing.junit import TestResult, parse_junit_file
 from vllm_overlay.testing.report import RunInfo, RunView
 
 DURATIONS_FILE = "suite-durations.json"

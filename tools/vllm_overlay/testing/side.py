@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import util
+from vllm_overlay import process, util
 from vllm_overlay.envs import childenv, installer, testenv
 from vllm_overlay.errors import SuiteError, UsageError
 from vllm_overlay.testing import contract, runner
@@ -70,7 +70,7 @@ def python_provider(python: Path) -> EnvProvider:
     def provide(tree: Path) -> RunEnv:
         if not python.exists():
             raise UsageError(f"--python {python}: no such interpreter.")
-        listing = util.run(
+        listing = process.run(
             python,
             "-c",
             "import importlib.metadata as m, sys; print(sys.version.split()[0]); "
@@ -285,7 +285,7 @@ def preflight(
 ) -> None:
     """Import what the run needs; say exactly what is missing before minutes are spent."""
     modules = ["pytest", "pytest_timeout", *(["xdist"] if opts.workers else []), "vllm"]
-    out = util.run(
+    out = process.run(
         env.python, "-c", _PREFLIGHT, *modules, cwd=scratch.cwd, env=environ, check=False
     )
     try:

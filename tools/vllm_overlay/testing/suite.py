@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay import util
-from vllm_overlay.errors import UsageError
+from vllm_overlay.errors import CorruptBaseline, UsageError
 from vllm_overlay.gitrepo import git
 from vllm_overlay.overlay.checkout import apply_overlay
 from vllm_overlay.overlay.model import Overlay
@@ -25,13 +25,7 @@ from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import upstream_repo
 from vllm_overlay.testing import shards
-from vllm_overlay.testing.baseline import (
-    CorruptBaseline,
-    baseline_key,
-    baseline_path,
-    load_baseline,
-    store_baseline,
-)
+from vllm_overlay.testing.baseline import baseline_key, baseline_path, load_baseline, store_baseline
 from vllm_overlay.testing.report import Comparison, RunInfo, RunView, compare, render_text, to_json
 from vllm_overlay.testing.shards import ShardSpec
 from vllm_overlay.testing.side import (

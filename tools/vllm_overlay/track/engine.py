@@ -22,7 +22,8 @@ import time
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.overlay.project import Project
-from vllm_overlay.util import info, run
+from vllm_overlay.process import run
+from vllm_overlay.util import info
 
 # The engine tests of the project, relative to its root (the copy's own, at its HEAD).
 ENGINE_TESTS = "tests/engine"

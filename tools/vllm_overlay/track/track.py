@@ -43,10 +43,6 @@ UP_TO_DATE, READY, NEEDS_PERSON = "up-to-date", "ready", "needs-person"
 EXIT = {UP_TO_DATE: 0, READY: 0, NEEDS_PERSON: 1}
 
 
-class TrackError(OverlayError):
-    """The tracking run could not start (the project is not in git, …)."""
-
-
 def track(
     project: Project,
     *,
@@ -130,11 +126,8 @@ def track(
 def _copy(project: Project, version: str, rep: dict) -> worktrees.Copy:
     """The copy to rebase (``track/worktrees.py``), with the resolution records of the previous
     run's branch (read before the copy moves that branch); ``rep`` says where it is."""
-    try:
-        earlier = _records_of_branch(project, f"track/vllm-{version}")
-        copy = worktrees.make_copy(project, version)
-    except worktrees.WorktreeError as e:
-        raise TrackError(str(e)) from e
+    earlier = _records_of_branch(project, f"track/vllm-{version}")
+    copy = worktrees.make_copy(project, version)
     _add_records(copy.project, earlier)
     rep.update(
         branch=copy.branch,

@@ -13,15 +13,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import TrackError
 from vllm_overlay.gitrepo import git, rev_parse
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.util import info, lock_if_free
-
-
-class WorktreeError(OverlayError):
-    """The copy cannot be made (the project is not in git, the branch is held, …); the
-    tracking run reports it as its ``TrackError``."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +33,7 @@ def repo_root(project: Project) -> Path:
     """The git work tree the project is in (it must have a commit: the copy is made from HEAD)."""
     out = git("rev-parse", "--show-toplevel", cwd=project.root, check=False)
     if out.returncode != 0 or rev_parse(project.root, "HEAD") is None:
-        raise WorktreeError(
+        raise TrackError(
             f"{project.root} is not in a git repository with a commit. `vllm-overlay track` "
             "rebases a copy of the project made with `git worktree` from HEAD: commit the "
             "project first."
@@ -55,7 +50,7 @@ def make_copy(project: Project, version: str) -> Copy:
     worktree = project.work_dir / "track" / f"vllm-{version}"
     _remove_copy(root, worktree)
     if rev_parse(root, "refs/heads/track"):
-        raise WorktreeError(
+        raise TrackError(
             f"the branch `track` exists in {root}, so git cannot create {branch} (a branch "
             "cannot also be a folder of branches). Rename it (`git branch -m track OTHER`) "
             "and run this again."
@@ -104,7 +99,7 @@ def _free_branch(root: Path, branch: str) -> None:
             info(f"removing a stale tracking copy at {path} (it held {branch})")
             _remove_copy(root, path)
             continue
-        raise WorktreeError(
+        raise TrackError(
             f"the branch {branch} is checked out in the worktree {path}, so the tracking run "
             f"cannot move it. Free it with `git worktree remove {path}` (save any work there "
             "first), or `git worktree prune` if that directory is already gone; then run "

@@ -23,7 +23,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from vllm_overlay.errors import BuildError, LockFileError, UsageError
+from vllm_overlay.errors import BuildError, LockFileError, PreflightError, UsageError
 from vllm_overlay.gitrepo import git, show_bytes
 from vllm_overlay.overlay.checkout import apply_overlay, is_checkout, plan
 from vllm_overlay.overlay.model import overlay_digest
@@ -44,7 +44,6 @@ from vllm_overlay.wheel.provenance import changed_files, render
 from vllm_overlay.wheel.repack import OfficialWheel, RepackInput, read_official, repack
 from vllm_overlay.wheel.setupbuild import (
     BUILD_REQUIREMENTS,
-    PreflightError,
     SetupCommand,
     build_requirements,
     check_built,

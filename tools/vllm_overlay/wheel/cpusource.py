@@ -54,7 +54,8 @@ from vllm_overlay.errors import BuildError
 from vllm_overlay.pin.debian import how_to_fetch, is_cached, source_path
 from vllm_overlay.pin.lockfile import SourceBuild, SourceInput
 from vllm_overlay.pin.sources import MACHINES, VARIANT, machine_of, refuse_machine
-from vllm_overlay.util import atomic_write_text, cache_dir, run, sha256_file
+from vllm_overlay.process import run
+from vllm_overlay.util import atomic_write_text, cache_dir, sha256_file
 from vllm_overlay.wheel import cpuedits, cputorch
 from vllm_overlay.wheel.cpuedits import URL_REQ, X86_TARGETS, gnu_version, machine_target
 from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist

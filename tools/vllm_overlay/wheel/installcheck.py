@@ -27,7 +27,8 @@ from packaging.tags import parse_tag, sys_tags
 from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.util import find_uv, run
+from vllm_overlay.process import run
+from vllm_overlay.util import find_uv
 from vllm_overlay.wheel.metadata import VERSION_PY, WheelName, version_py_version
 from vllm_overlay.wheel.provenance import ChangedFile
 

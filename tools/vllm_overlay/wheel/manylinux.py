@@ -18,6 +18,9 @@ by the one reproducible writer (``repack``) with the version and provenance.
 
 from __future__ import annotations
 
+import fnmatch
+import importlib.resources
+import json
 import os
 import re
 import shutil
@@ -26,7 +29,8 @@ import zipfile
 from pathlib import Path
 
 from vllm_overlay.errors import BuildError
-from vllm_overlay.util import info, run
+from vllm_overlay.process import run
+from vllm_overlay.util import info
 from vllm_overlay.wheel.setupbuild import SOURCE_DATE_EPOCH
 
 # torch's own libraries, which the torch the wheel requires provides (never grafted).
@@ -106,12 +110,25 @@ _CONSTRAINED = re.compile(r'constrains the platform tag to\s*"([^"]+)"')
 _REQUIRED = re.compile(r"external shared libraries are required by the wheel:\s*(\{.*?\})", re.S)
 
 
-# The libraries every manylinux policy allows (auditwheel's policy files list them).
-POLICY_LIBS = frozenset({
-    "libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libpthread.so.0",
-    "libdl.so.2", "librt.so.1", "libresolv.so.2", "libutil.so.1", "ld-linux-x86-64.so.2",
-    "ld-linux-aarch64.so.1",
-})  # fmt: skip
+# The dynamic linker, which the policies' lib_whitelist leaves out (every wheel needs it).
+_LOADERS = frozenset({"ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"})
+
+
+def policy_libs(tag: str) -> frozenset[str]:
+    """The libraries the manylinux policy of ``tag`` (``manylinux_2_34_x86_64``) lets a
+    wheel take from the system, as auditwheel's own policy file lists them (empty for a
+    tag it does not know, and for ``linux_*``)."""
+    policies = json.loads(
+        (importlib.resources.files("auditwheel.policy") / "manylinux-policy.json").read_text()
+    )
+    for p in policies:
+        if p["name"] != "linux" and any(
+            tag.startswith(f"{name}_") for name in (p["name"], *p["aliases"])
+        ):
+            return frozenset(p["lib_whitelist"]) | _LOADERS
+    return frozenset()
+
+
 _VERSIONED = re.compile(r"([\w.+-]+\.so[\w.]*) with versions")
 
 
@@ -122,9 +139,6 @@ def as_repaired(found: str, text: str, grafted: set[str]) -> str:
     symbols of the libraries it grafted in (``grafted``, e.g. libnuma's). Where those are all
     it found outside the policy, the tag is the one the symbols the wheel uses allow (its
     "constrains the platform tag to" line); anything else keeps ``found``."""
-    import fnmatch
-    import json
-
     constrained = _CONSTRAINED.search(text)
     if not found.startswith("linux_") or not constrained:
         return found
@@ -137,6 +151,6 @@ def as_repaired(found: str, text: str, grafted: set[str]) -> str:
         if [n for n in libs if not any(fnmatch.fnmatch(n, pat) for pat in EXCLUDE)]:
             return found
     versioned = set(_VERSIONED.findall(" ".join(text.split())))
-    if versioned - POLICY_LIBS - grafted:
+    if versioned - policy_libs(constrained.group(1)) - grafted:
         return found
     return constrained.group(1)

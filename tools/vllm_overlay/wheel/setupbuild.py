@@ -34,8 +34,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import BuildError
-from vllm_overlay.util import run
+from vllm_overlay.errors import BuildError, PreflightError, WrongTargetError
+from vllm_overlay.process import run
 from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist
 
 SOURCE_DATE_EPOCH = "315532800"  # 1980-01-01T00:00:00Z, the zip epoch: no clock in the output
@@ -92,14 +92,6 @@ for name in sys.argv[1:]:
         out["packages"][name] = None
 print(json.dumps(out))
 """
-
-
-class PreflightError(BuildError):
-    """The build environment cannot produce the wheel asked for; nothing was built."""
-
-
-class WrongTargetError(BuildError):
-    """vLLM's setup.py built something other than the CUDA wheel asked for (e.g. +cpu)."""
 
 
 @dataclass(frozen=True)
@@ -410,7 +402,7 @@ def check_toolchain(
 
 def run_setup(cmd: SetupCommand, log: Path, *, interval: float | None = None) -> Path:
     """Run setup.py; return the one wheel it wrote. Its output goes to ``log`` as it comes
-    (after the exact environment and command), and stderr says it is running (util.run)."""
+    (after the exact environment and command), and stderr says it is running (process.run)."""
     cmd.dist_dir.mkdir(parents=True, exist_ok=True)
     hint = (
         f"vLLM's setup.py failed in {cmd.tree}. "

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_overlay.errors import BuildError, OverlayError
+from vllm_overlay.errors import BuildError, OverlayError, VerifyError, ZipFormatError
 from vllm_overlay.wheel.hashes import hashes_reusing_official, member_hashes, raw_equal
 from vllm_overlay.wheel.installcheck import check_installed, installing
 from vllm_overlay.wheel.metadata import (
@@ -43,27 +43,7 @@ from vllm_overlay.wheel.metadata import (
     version_py_version,
 )
 from vllm_overlay.wheel.provenance import PROVENANCE_NAME, ChangedFile, parse
-from vllm_overlay.wheel.zipcopy import ZipFormatError, locate_members
-
-MAX_SHOWN = 25
-
-
-class VerifyError(BuildError):
-    """A wheel failed verification; the message lists each failing member and check."""
-
-    def __init__(self, path: Path, problems: Sequence[str]) -> None:
-        self.path = path
-        self.problems = list(problems)
-        shown = self.problems[:MAX_SHOWN]
-        more = len(self.problems) - len(shown)
-        text = "\n".join(f"  - {p}" for p in shown)
-        if more:
-            text += f"\n  … and {more} more"
-        super().__init__(
-            f"{path.name} failed verification ({len(self.problems)} problem(s)):\n{text}\n"
-            "Do not publish this wheel. Rebuild it with `vllm-overlay build`; if the problem "
-            "persists, it is a bug in the build (report it with this output)."
-        )
+from vllm_overlay.wheel.zipcopy import locate_members
 
 
 @dataclass(frozen=True)

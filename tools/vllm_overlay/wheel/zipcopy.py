@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from vllm_overlay.errors import BuildError
+from vllm_overlay.errors import ZipFormatError
 
 _LOCAL_SIG = 0x04034B50
 _CENTRAL_SIG = 0x02014B50
@@ -45,10 +45,6 @@ _VERSION_DEFAULT = 20
 _VERSION_ZIP64 = 45
 _MADE_BY_UNIX = 3 << 8
 REGULAR_FILE_MODE = 0o100644
-
-
-class ZipFormatError(BuildError):
-    """A zip archive is malformed or uses a feature this writer does not copy."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,62 @@
+"""The one runner's capture mode under its stop policy: real children, real signals."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+from vllm_overlay import process
+from vllm_overlay.errors import CommandError, OverlayError
+
+# A child that starts a grandchild (its pid printed first), then sleeps; both ignore SIGINT,
+# so the stop has to go on to SIGTERM for the whole group.
+FAMILY = textwrap.dedent("""\
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    g = subprocess.Popen([sys.executable, "-c",
+                          "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                          "time.sleep(600)"])
+    print(g.pid, flush=True)
+    print("on stderr", file=sys.stderr, flush=True)
+    time.sleep(600)
+""")
+
+
+def gone(pid: int) -> bool:
+    """The process is gone (reaped, or a zombie waiting for its parent, which is gone too)."""
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_capture_that_times_out_stops_the_whole_group(monkeypatch):
+    """A timeout stops the child's group as every stop does (SIGINT, then SIGTERM), and the
+    error carries what the child wrote before it."""
+    monkeypatch.setattr(process, "GRACE", 0.5)
+    with pytest.raises(CommandError, match="timed out after 2 s") as e:
+        process.run(sys.executable, "-c", FAMILY, timeout=2)
+    assert e.value.returncode == -1 and "on stderr" in e.value.stderr
+    assert gone(int(e.value.stdout.split()[0]))  # the grandchild went with its parent
+
+
+def test_a_capture_renders_what_failed():
+    with pytest.raises(CommandError) as e:
+        process.run(sys.executable, "-c", "import sys; print('out'); sys.exit('err')",
+                    hint="Do this next.")  # fmt: skip
+    assert (e.value.returncode, e.value.stdout, e.value.stderr) == (1, "out\n", "err\n")
+    assert str(e.value).endswith("Do this next.") and "return code: 1" in str(e.value)
+    out = process.run("cat", input="in\n", check=False)
+    assert out == process.Output(0, "in\n", "")
+    with pytest.raises(OverlayError, match="no-such-program-here is not installed"):
+        process.run("no-such-program-here")
