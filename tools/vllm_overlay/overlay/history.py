@@ -105,8 +105,7 @@ def rewrite(
 
 
 CHANGE_KEYS = (
-    "id", "title", "why", "origin", "origin_kind", "bugs", "authors", "upstream_status",
-    "drop_when", "drop_condition", "files", "tests", "upstream_tests", "notes", "runners",
+    "id", "title", "why", "origin", "origin_kind", "bugs", "authors", "since", "drop_when", "drop_condition", "files", "tests", "upstream_tests", "notes", "runners",
 )  # fmt: skip
 
 
