@@ -34,6 +34,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from vllm_overlay.gitrepo import open_repo, run_git
 from vllm_overlay.process import run
+from vllm_overlay.util import sha256_file
 
 CONFIG = ".pre-commit-config.yaml"
 RUFF_REPO = "ruff-pre-commit"
@@ -169,9 +170,9 @@ def select(tree: Path, files: list[str], python: str) -> Hooks:
                 continue
             entry = shlex.split(str(hook.get("entry", "")))
             if not (local and hook.get("language") == "python" and entry[:1] == ["python"]):
+                how = f"a {hook['language']} hook" if "language" in hook else "its own environment"
                 skipped.append(HookResult(hid, False, why_skipped=(
-                    f"not run here: a {hook.get('language', '?')} hook from "
-                    f"{repo.get('repo')}")))  # fmt: skip
+                    f"not run here ({how}, from {repo.get('repo')})")))  # fmt: skip
                 continue
             why = _installed(python, hook.get("additional_dependencies", []))
             if why:
@@ -189,9 +190,10 @@ def run_hooks(clone: Path, hooks: Hooks) -> list[HookResult]:
         if not argv or not argv[0]:
             results.append(HookResult(hid, False, ok=False, why_skipped="no ruff found"))
             continue
-        before = _status(clone)
+        before = _digests(clone)
         out = run(*argv, *files, cwd=clone, check=False)
-        changed = sorted(set(_status(clone)) - set(before))
+        after = _digests(clone)
+        changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
         text = (out.stdout + out.stderr).strip()
         tool = hooks.ruff_tool if hid in RUFF_ENTRY else "the release's test environment"
         results.append(HookResult(hid, True, out.returncode == 0 and not changed, changed,
@@ -199,7 +201,10 @@ def run_hooks(clone: Path, hooks: Hooks) -> list[HookResult]:
     return results + hooks.skipped
 
 
-def _status(clone: Path) -> list[str]:
+def _digests(clone: Path) -> dict[str, str]:
+    """path -> sha256 of each file that differs from the commit (or is new): what a hook
+    changed shows as a digest that moved."""
     with open_repo(clone) as w:
         out = run_git(w.git, "status", "--porcelain=v1", "-z", "--untracked-files=all").stdout
-    return [e for e in out.split("\0") if e]
+    paths = [e[3:] for e in out.split("\0") if len(e) > 3]
+    return {p: sha256_file(clone / p) if (clone / p).is_file() else "" for p in paths}
