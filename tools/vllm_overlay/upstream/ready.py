@@ -101,6 +101,7 @@ def upstream(project: Project, change_id: str, *, out: Path | None = None,
             f"{change_id}/) or its why, then run this again."
         )
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    stage.chmod(0o755)  # what mkdir would make (mkdtemp's is private)
     try:
         report = _build(project, prep, repo, base, stage, title, message, who, targets,
                         test_python)  # fmt: skip

@@ -136,7 +136,9 @@ def advisory(change: Change, release: str, name: str, policy: str, proof: dict,
         f"Report privately, through {url} (vLLM's SECURITY.md); not as a public issue or pull "
         "request. Attach the patch below to the advisory (or its private fork).",
         "",
-        f"**Affected:** {name} {release} and earlier: "
+        f"**Affected:** {name} {release}"
+        + (f" (and every release since {change.since}, where we found and carried it)"
+           if change.since else "") + ": "
         + ", ".join(f"`{p}`" for p in change.files if not p.startswith("tests/")),
         "",
         "## Summary", "", why_for_upstream(change), "",
