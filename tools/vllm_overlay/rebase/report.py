@@ -24,7 +24,8 @@ def settled(w: walk_.Walk, overlay: Overlay) -> list[dict]:
         if cid in w.gone:
             g = w.gone[cid]
             out.append({**base, "status": DROPPED, "release": g["release"],
-                        "reason": g["reason"], "proof": g["proof"]})  # fmt: skip
+                        "reason": g["reason"], "proof": g["proof"],
+                        "pull_request": change.forwarded.pull_request})  # fmt: skip
             continue
         states = {c["state"] for c in cells}
         if not w.done and (not cells or cells[-1]["release"] != w.release):
@@ -105,7 +106,13 @@ def report(ctx: Ctx, w: walk_.Walk, timings: dict[str, float] | None = None) -> 
         "by_record": by[RECORD],
         "unproven": [c["id"] for c in changes if c.get("unproven")],  # recorded unproven
         "dropped": [
-            {"id": c["id"], "release": c["release"], "reason": c["reason"], "proof": c["proof"]}
+            {
+                "id": c["id"],
+                "release": c["release"],
+                "reason": c["reason"],
+                "proof": c["proof"],
+                "pull_request": c["pull_request"],
+            }
             for c in changes
             if c["status"] == DROPPED
         ],
