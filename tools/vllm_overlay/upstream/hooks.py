@@ -153,7 +153,10 @@ def select(tree: Path, files: list[str], python: str) -> Hooks:
     skipped: list[HookResult] = []
     py = [f for f in files if PurePosixPath(f).suffix in (".py", ".pyi")]
     if config is None:
-        entries = [("ruff-check", [*ruff, "check", "--fix"], py), ("ruff-format", [*ruff, "format"], py)]
+        entries = [
+            ("ruff-check", [*ruff, "check", "--fix"], py),
+            ("ruff-format", [*ruff, "format"], py),
+        ]
         return Hooks(False, ruff, tool, entries, skipped)
     default_stages = config.get("default_stages") or ["pre-commit"]
     for repo in config.get("repos", []):
