@@ -23,7 +23,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import UpstreamError
 from vllm_overlay.gitrepo import git, merge_file, open_repo, run_git, show_bytes, switch
 from vllm_overlay.overlay.checkout import plan
 from vllm_overlay.overlay.model import Change, Overlay, safe_join
@@ -32,10 +32,6 @@ from vllm_overlay.pin.trees import BASE_REF, upstream_repo
 from vllm_overlay.upstream import scrub
 
 BRANCH_PREFIX = "upstream/"
-
-
-class UpstreamError(OverlayError):
-    """A change cannot be prepared for upstream, or its proof failed; the message names what."""
 
 
 @dataclass

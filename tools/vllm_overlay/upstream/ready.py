@@ -22,14 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_overlay.errors import UsageError
+from vllm_overlay.errors import UpstreamError, UsageError
 from vllm_overlay.gitrepo import last_commit_date, show_bytes, user_identity
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.testing import proving
 from vllm_overlay.upstream import hooks as hooks_
 from vllm_overlay.upstream import prepare as prep_
 from vllm_overlay.upstream import texts
-from vllm_overlay.upstream.prepare import UpstreamError
 from vllm_overlay.util import atomic_write_text, info
 
 FIXED_DATE = "2000-01-01T00:00:00+0000"
