@@ -134,7 +134,7 @@ def advisory(change: Change, release: str, name: str, policy: str, proof: dict,
         f"# Security advisory draft: {change.title}",
         "",
         f"Report privately, through {url} (vLLM's SECURITY.md); not as a public issue or pull "
-        "request. Attach the patch below to the advisory (or its private fork).",
+        f"request. Attach `{patch_name}` to it (or push the commit to its private fork).",
         "",
         f"**Affected:** {name} {release}"
         + (f" (and every release since {change.since}, where we found and carried it)"
