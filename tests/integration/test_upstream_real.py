@@ -1,7 +1,7 @@
 """`vllm-overlay upstream` on our own fix at the real pinned release (network, cached): the
 commit on vLLM's tree, vLLM's own hooks (ruff at the version its pre-commit configuration pins,
 its local Python hooks), and the change's tests in the release's test environment, with the
-commit (they pass) and without it (they fail). About three minutes warm."""
+commit (they pass) and without it (they fail). One to three minutes warm."""
 
 from __future__ import annotations
 
