@@ -22,7 +22,7 @@ TRACK_REPORT_DIR ?= .work/track
 MAX_JOBS ?= 2
 
 .PHONY: help venv system-deps build-wheel build-cpu-source build-cpu-test test test-unit test-engine test-engine-cpu-source test-upstream test-upstream-ci test-releases \
-        lint apply fetch edit export check-overlay status publish rebase outlook track bench bench-engine bench-engine-cpu-source \
+        lint apply fetch edit export check-overlay status publish rebase outlook upstream track bench bench-engine bench-engine-cpu-source \
         bench-connector \
         bench-coldstart clean
 
@@ -43,6 +43,7 @@ help:
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
 	@echo "make test-releases  the 0.24.0 line walked to 0.28.0 and 0.33.0, track to 0.33.0 (not in CI)"
 	@echo "make outlook [OUTLOOK_ARGS='--tests --html F']  every change against every newer vLLM release"
+	@echo "make upstream CHANGE=ID  a change of ours ready for upstream, proven: patch, PR body or advisory (docs/upstream.md)"
 	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
 	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"
 	@echo "make bench-engine [BENCH_ARGS=--runner v2]  engine start and extraction tokens/s: ours against the wheel without our changes"
@@ -174,6 +175,11 @@ rebase: $(STAMP)
 OUTLOOK_ARGS ?=
 outlook: $(STAMP)
 	$(VO) outlook $(OUTLOOK_ARGS)
+
+# A change of ours, ready for upstream and proven: .work/upstream/$(CHANGE)/ (docs/upstream.md).
+upstream: $(STAMP)
+	@test -n "$(CHANGE)" || { echo "make upstream CHANGE=<change id> (vllm-overlay status lists them)"; exit 2; }
+	$(VO) upstream $(CHANGE)
 
 # What the daily workflow runs (.github/workflows/track-upstream.yml): vllm-overlay exits 0 up
 # to date or ready for review, 1 needs a person (make itself exits 2 on any failure); the

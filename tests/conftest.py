@@ -152,7 +152,6 @@ why = """Synthetic stand-in for the hybrid hidden-states fix."""
 origin = "https://github.com/vllm-project/vllm/pull/46301"
 origin_kind = "backport"
 bugs = ["https://github.com/vllm-project/speculators/issues/613"]
-upstream_status = "merged; first released in 1.3.0"
 drop_when = "vllm>=1.3.0"
 files = [
     "{connector}",

@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[2] / "tools" / "vllm_overlay"
 
 # Lowest first. A module may import its own stage and any stage below it, never above.
 STAGES = (
-    "base", "index", "pin", "overlay", "wheel", "envs", "testing", "rebase", "track", "cli",
+    "base", "index", "pin", "overlay", "wheel", "envs", "testing", "rebase", "track", "upstream", "cli",
 )  # fmt: skip
 BASE_MODULES = {"__init__", "errors", "util", "gitrepo", "progress", "process"}
 CLI_MODULES = {"main", "__main__", "commands"}

@@ -408,6 +408,8 @@ def test_upstream_merged_exactly_our_change(proj: Proj, tmp_path: Path):
     assert hist["id"] == CID and hist["dropped_in"] == "1.0.1"
     assert hist["reason"] == dropped["reason"] and hist["proof"] == dropped["proof"]
     assert hist["origin"] == "https://github.com/vllm-project/vllm/pull/46301"
+    # a backport's standing is its origin: the pull request it came back through
+    assert hist["pull_request"] == dropped["pull_request"] == hist["origin"]
     assert doc["revision"] == 2
     assert sorted(p.name for p in proj.overlay.rglob("*") if p.is_file()) == ["overlay.toml"]
     assert lock_data(proj)["base"] == {}

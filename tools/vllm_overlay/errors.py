@@ -210,6 +210,11 @@ class ChangeImportError(OverlayError):
     """An upstream change could not be imported: bad patch, unreachable host, or a stop."""
 
 
+class UpstreamError(OverlayError):
+    """A change of ours cannot be prepared for upstream (it overlaps an earlier change, names
+    our overlay, or its proof failed: the tests, the hooks); the message names what."""
+
+
 def missing_program(program: object, error: OSError) -> OverlayError:
     """The error for a child process whose program does not exist (``process``, the one
     runner, and the git layer's GitPython)."""

@@ -29,7 +29,7 @@ from git.diff import INDEX
 from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound
 
 from vllm_overlay.errors import CommandError, OverlayError, missing_program
-from vllm_overlay.process import Output
+from vllm_overlay.process import Output, run
 
 Repo = gitpython.Repo
 IDENTITY = ("vllm-overlay", "vllm-overlay@localhost")
@@ -401,3 +401,28 @@ def restore_head(repo: Repo, state: HeadState, *, clean: bool = False) -> None:
     """Put HEAD (and the work tree) back where ``head_state`` found it."""
     if state.commit:
         switch(repo, state.commit, state.branch, clean=clean)
+
+
+# ---------------------------------------------------------------------------------------------
+# The user's own identity (the one read of the user's git config)
+
+
+def user_identity(cwd: Path) -> tuple[str, str] | None:
+    """``(user.name, user.email)`` as the user's own git config gives them in ``cwd`` (global
+    and repository config; the clean environment above reads neither), or None where either
+    is unset. What `upstream` signs off with: a commit meant for upstream is the user's, not
+    this tool's fixed identity."""
+    got = []
+    for key in ("user.name", "user.email"):
+        out = run("git", "config", "--get", key, cwd=cwd, check=False)
+        if out.returncode != 0 or not out.stdout.strip():
+            return None
+        got.append(out.stdout.strip())
+    return got[0], got[1]
+
+
+def last_commit_date(cwd: Path, path: str) -> str | None:
+    """The author date (ISO 8601) of the last commit touching ``path`` in the repository at
+    ``cwd``; None where there is none (no repository, no history)."""
+    out = git("log", "-1", "--format=%aI", "--", path, cwd=cwd, check=False)
+    return out.stdout.strip() or None if out.returncode == 0 else None

@@ -38,6 +38,7 @@ COMMANDS = (
     "rebase",
     "outlook",
     "track",
+    "upstream",
     "cache",
 )
 
@@ -48,7 +49,8 @@ The pipeline: lock -> fetch -> apply (edit, export; import starts a change from 
 work) -> build -> verify -> suite -> publish. Carrying it forward: rebase walks the overlay
 to a newer vLLM release through every release in between (drops proven where they happen,
 conflicts asked once, where they first happen), outlook shows that walk for every newer
-release without writing anything, track runs it on a branch (what the daily workflow runs).
+release without writing anything, track runs it on a branch (what the daily workflow runs); upstream prepares a change of
+ours for upstream, proven.
 cache shows and prunes the cache.
 
 Downloads and environments are cached under $VLLM_OVERLAY_CACHE (default

@@ -66,7 +66,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drop-when", help='e.g. "vllm>=0.28.0" (default for --from-release: >=VERSION)'
     )
-    p.add_argument("--upstream-status", help='e.g. "merged; first released in vLLM 0.28.0"')
     p.add_argument("--tests", nargs="*", metavar="TEST", help="default: the test files it touches")
     p.add_argument(
         "--upstream-tests",
@@ -186,8 +185,6 @@ def _patch_meta(args: argparse.Namespace, series, web: str | None) -> importing.
         title=title,
         why=args.why or series.why or title,
         origin=origin,
-        upstream_status=args.upstream_status
-        or (f"upstream pull request #{pr}, backported" if pr else "backported"),
         drop_when=args.drop_when,
         tests=args.tests,
         authors=series.authors,
@@ -211,7 +208,6 @@ def _release_meta(args: argparse.Namespace, lock, web: str | None) -> importing.
         why=args.why
         or f"Upstream's changes to {paths} between {name} {lock.upstream.version} and {v}.",
         origin=origin,
-        upstream_status=args.upstream_status or f"in {name} {v}",
         drop_when=args.drop_when or f"{name}>={v}",
         tests=args.tests,
         upstream_tests=args.upstream_tests,

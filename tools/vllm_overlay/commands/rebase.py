@@ -214,6 +214,8 @@ def _render_change(c: dict) -> list[str]:
     if state == rebase.DROPPED:
         out[0] += f" at {c['release']}: {c['reason']}"
         out.append(f"              proof: {c['proof']}")
+        if c.get("pull_request"):
+            out.append(f"              came back through {c['pull_request']}")
     elif state in (rebase.KEPT, rebase.REFRESHED, rebase.RESOLVED, rebase.RECORD):
         extra = []
         if c.get("renamed"):

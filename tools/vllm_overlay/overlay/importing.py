@@ -68,7 +68,6 @@ class Meta:
     title: str
     why: str
     origin: str
-    upstream_status: str
     drop_when: str
     tests: list[str] | None = None  # None: the test files the change touches
     authors: list[str] = field(default_factory=list)
@@ -403,7 +402,7 @@ def finish(project: Project, lock: Lock, st: State) -> list[str]:
     tests = m.tests if m.tests is not None else [p for p in changed if _is_test(p)]
     fields = {
         "id": m.id, "title": m.title, "why": m.why, "origin": m.origin, "origin_kind": "backport",
-        "authors": m.authors, "upstream_status": m.upstream_status, "drop_when": m.drop_when,
+        "authors": m.authors, "drop_when": m.drop_when, "since": lock.upstream.version,
         "files": changed, "tests": tests,
         "upstream_tests": m.upstream_tests if m.upstream_tests is not None
         else upstream_tests(st.paths),

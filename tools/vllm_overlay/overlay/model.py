@@ -12,17 +12,19 @@ import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from vllm_overlay.errors import OverlayConfigError, UnsafePathError
+from vllm_overlay.overlay.standing import MERGED, Forwarded, check_since, parse_forwarded
 
 CONFIG_NAME = "overlay.toml"
 PATCH_SUFFIX = ".patch"
 ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-_REQUIRED = ("id", "title", "why", "origin", "upstream_status", "files", "tests")
+_REQUIRED = ("id", "title", "why", "origin", "files", "tests")
 # drop_when: required for a backport; drop_condition: required for our own change ("original"),
 # whose drop_when (a release known to fix it) is optional. upstream_tests: a backport's upstream
 # tests (upstream paths under tests/, or path::node) that its origin pull request added or changed.
 _OPTIONAL = (
     "drop_when", "drop_condition", "origin_kind", "bugs", "supersedes", "authors", "notes",
-    "upstream_tests", "runners",
+    "upstream_tests", "runners", "forwarded", "upstream_status", "since", "security",
+    "reproduction",
 )  # fmt: skip
 # vLLM's model runners a change serves (``runners``): "v1" (gpu_model_runner.py and
 # cpu_model_runner.py, deleted in 0.34.0) and "v2" (vllm/v1/worker/gpu/, and its CPU subclass).
@@ -43,7 +45,7 @@ class Change:
     title: str
     why: str
     origin: str
-    upstream_status: str
+    forwarded: Forwarded  # where it stands upstream (overlay/standing.py)
     drop_when: str  # e.g. "vllm>=0.25.0"; "" for our own change no release fixes yet
     files: tuple[str, ...]
     tests: tuple[str, ...]
@@ -59,6 +61,13 @@ class Change:
     upstream_tests: tuple[str, ...] = ()
     # The model runners the change serves (RUNNERS); () where overlay.toml does not say.
     runners: tuple[str, ...] = ()
+    since: str = ""  # the upstream release the change was first carried on ("": not recorded)
+    security: bool = False  # a security fix: upstream takes it through a private advisory
+    reproduction: str = ""  # how to see the problem without the change (for upstream)
+
+    @property
+    def ours(self) -> bool:
+        return self.origin_kind == "original"
 
     @property
     def drop_rule(self) -> str:
@@ -196,6 +205,21 @@ def check_runners(val: object, where: str) -> tuple[str, ...]:
     return runners
 
 
+def _check_merged(tbl: dict, forwarded: Forwarded, where: str) -> None:
+    """A change upstream merged drops at that release: its drop_when must say so."""
+    if "drop_when" not in tbl:
+        raise OverlayConfigError(
+            f"{where}: `forwarded` says merged in {forwarded.release}; add "
+            f'drop_when = "vllm>={forwarded.release}" so the walk drops it there, with proof.'
+        )
+    _, spec = parse_drop_when(tbl["drop_when"], f"{where}: `drop_when`")
+    if not spec.contains(forwarded.release, prereleases=True):
+        raise OverlayConfigError(
+            f"{where}: `forwarded` says merged in {forwarded.release}, which `drop_when` "
+            f"({tbl['drop_when']}) does not reach; make them agree."
+        )
+
+
 def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
     src = f"{overlay_dir / CONFIG_NAME}"
     try:
@@ -226,7 +250,8 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 f"{where}: unknown key(s) {sorted(extra)}; allowed: "
                 f"{', '.join(_REQUIRED + _OPTIONAL)}."
             )
-        for k in ("id", "title", "why", "origin", "upstream_status", "drop_when", "drop_condition"):
+        for k in ("id", "title", "why", "origin", "upstream_status", "drop_when", "drop_condition",
+                  "reproduction"):  # fmt: skip
             if k in tbl and (not isinstance(tbl[k], str) or not tbl[k].strip()):
                 raise OverlayConfigError(f"{where}: `{k}` must be a non-empty string.")
         cid = tbl["id"]
@@ -271,13 +296,18 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
             )
         if "drop_when" in tbl:
             parse_drop_when(tbl["drop_when"], f"{where}: `drop_when`")
+        forwarded = parse_forwarded(tbl, kind, where)
+        if forwarded.state == MERGED:
+            _check_merged(tbl, forwarded, where)
+        if "security" in tbl and not isinstance(tbl["security"], bool):
+            raise OverlayConfigError(f"{where}: `security` must be true or false.")
         changes.append(
             Change(
                 id=cid,
                 title=tbl["title"],
                 why=tbl["why"],
                 origin=tbl["origin"],
-                upstream_status=tbl["upstream_status"],
+                forwarded=forwarded,
                 drop_when=tbl.get("drop_when", ""),
                 files=files,
                 tests=tests,
@@ -289,6 +319,9 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 drop_condition=tbl.get("drop_condition", ""),
                 upstream_tests=upstream_tests,
                 runners=check_runners(tbl["runners"], where) if "runners" in tbl else (),
+                since=check_since(tbl["since"], where) if "since" in tbl else "",
+                security=bool(tbl.get("security", False)),
+                reproduction=tbl.get("reproduction", ""),
             )
         )
     history = data.get("dropped", [])

@@ -382,6 +382,7 @@ def _finish(ctx: Ctx, walker: Walker) -> dict:
                 reason=r["reason"],
                 proof=r["proof"],
                 upstream_tests=ctx.overlay.change(r["id"]).upstream_tests,
+                pull_request=r["pull_request"],
             )  # fmt: skip
             for r in results
             if r["state"] == "dropped"

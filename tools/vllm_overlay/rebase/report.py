@@ -25,7 +25,8 @@ def settled(w: Walk, overlay: Overlay) -> list[dict]:
         if cid in w.gone:
             g = w.gone[cid]
             out.append({**base, "state": DROPPED, "release": g["release"],
-                        "reason": g["reason"], "proof": g["proof"]})  # fmt: skip
+                        "reason": g["reason"], "proof": g["proof"],
+                        "pull_request": change.forwarded.pull_request})  # fmt: skip
             continue
         states = {c.state for c in cells}
         if not w.done and (not cells or cells[-1].release != w.release):
@@ -87,7 +88,13 @@ def report(ctx: Ctx, w: Walk, timings: dict[str, float] | None = None) -> dict:
         "by_record": by[RECORD],
         "unproven": [c["id"] for c in changes if c.get("unproven")],  # recorded unproven
         "dropped": [
-            {"id": c["id"], "release": c["release"], "reason": c["reason"], "proof": c["proof"]}
+            {
+                "id": c["id"],
+                "release": c["release"],
+                "reason": c["reason"],
+                "proof": c["proof"],
+                "pull_request": c["pull_request"],
+            }
             for c in changes
             if c["state"] == DROPPED
         ],

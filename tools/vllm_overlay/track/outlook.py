@@ -24,10 +24,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import Version
+
+from vllm_overlay.overlay.model import Change
 from vllm_overlay.overlay.project import Project
+from vllm_overlay.overlay.standing import NOT_YET
 from vllm_overlay.rebase import decide, lookahead, records, releasewalk, replay, settle, walkdata
 from vllm_overlay.rebase.host import SdistHost, Series, load_series
-from vllm_overlay.rebase.releases import newer_releases
+from vllm_overlay.rebase.releases import list_releases, newer_releases
 from vllm_overlay.util import atomic_write_text, cache_dir, info, sha256_bytes
 
 FORMAT = 2  # 2: the walk
@@ -166,14 +170,36 @@ def outlook(
                 series, cheap, path[: i + 1], found, key_base, prove=False, memo=memo)  # fmt: skip
             direct = _walk(series, cheap, [v], found, key_base, prove=False, memo=memo)
             targets.append({"version": v, "walk": walked["stops"], "direct": direct["stops"]})
+    known = sorted(list_releases(name, index_url), key=Version)
     changes = [
         {"id": s.change.id, "title": s.change.title, "drop_when": s.change.drop_when,
          "drop_condition": s.change.drop_condition,
          "tests": list(s.change.tests),
-         "upstream_tests": list(s.change.upstream_tests)}
+         "upstream_tests": list(s.change.upstream_tests),
+         **standing(s.change, columns, known)}
         for s in series.steps
     ]  # fmt: skip
     return Outlook(name, pin, changes, columns, skipped, targets)
+
+
+def standing(change: Change, columns: list[Column], known: list[str]) -> dict:
+    """Where ``change`` stands upstream, and the releases it is carried on: from its
+    ``since`` to the newest release known, up to (not including) where the walk drops it.
+    A change of ours not yet sent is flagged."""
+    dropped_at = next((c.version for c in columns for o in c.outcomes
+                       if o["id"] == change.id and o["state"] == decide.DROPPED), None)  # fmt: skip
+    carried: list[str] = []
+    if change.since:
+        carried = [v for v in known if Version(v) >= Version(change.since)
+                   and (dropped_at is None or Version(v) < Version(dropped_at))]  # fmt: skip
+    return {
+        "origin_kind": change.origin_kind,
+        "forwarded": change.forwarded.to_json(),
+        "security": change.security,
+        "since": change.since,
+        "carried": carried,
+        "flag": change.ours and change.forwarded.state == NOT_YET,
+    }
 
 
 def _columns(series: Series, host: SdistHost, main: dict) -> list[Column]:

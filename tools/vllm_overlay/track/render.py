@@ -105,6 +105,7 @@ def terminal(data: dict, *, colour: bool = False) -> str:
             lines += reasons
     for note in data.get("skipped", []):
         lines.append(f"note: {note}")
+    lines += standing_lines(data)
     if data.get("targets"):
         lines.append("")
         lines.append("stops a person is asked about, per target: the walk | the direct jump")
@@ -122,6 +123,41 @@ def terminal(data: dict, *, colour: bool = False) -> str:
     elif cols:
         lines.append("safe target: none (every newer release needs a person)")
     return "\n".join(lines)
+
+
+def standing_line(ch: dict) -> str:
+    """Where a change stands upstream; ours not yet sent is flagged, with the releases it has
+    been carried on."""
+    fw = ch.get("forwarded")
+    if fw is None:
+        return ""
+    carried = ch.get("carried") or []
+    span = (
+        f" ({carried[0]} .. {carried[-1]})"
+        if len(carried) > 1
+        else f" ({carried[0]})"
+        if carried
+        else ""
+    )
+    n = (
+        f"carried on {len(carried)} release(s){span}"
+        if carried
+        else "carried since an unrecorded release"
+    )
+    security = "; a security fix: a private advisory" if ch.get("security") else ""
+    if ch.get("flag"):
+        return (f"NOT YET SENT: ours, {n}{security}; `vllm-overlay upstream {ch['id']}` "
+                "prepares it")  # fmt: skip
+    return fw["summary"] + (f"; {n}" if carried else "") + security
+
+
+def standing_lines(data: dict) -> list[str]:
+    rows = [(ch["id"], standing_line(ch)) for ch in data["changes"] if ch.get("forwarded")]
+    if not rows:
+        return []
+    flagged = sum(1 for ch in data["changes"] if ch.get("flag"))
+    out = ["", f"upstream standing ({flagged} of ours not yet sent):"]
+    return out + [f"  {cid}: {text}" for cid, text in rows]
 
 
 def _reasons(data: dict) -> list[str]:
@@ -219,6 +255,13 @@ def page(data: dict) -> str:
         out.append(f"<dt>{state}</dt><dd>{e(text)}</dd>")
     out.append(f"<dt>{walkdata.RECORD} (unproven)</dt><dd>{e(UNPROVEN_LEGEND)}</dd>")
     out.append("</dl>")
+    if any(ch.get("forwarded") for ch in data["changes"]):
+        out.append('<h2 id="standing">Upstream standing</h2><ul>')
+        for ch in data["changes"]:
+            if ch.get("forwarded"):
+                cls = ' class="t-fail"' if ch.get("flag") else ""
+                out.append(f"<li{cls}><b>{e(ch['id'])}</b>: {e(standing_line(ch))}</li>")
+        out.append("</ul>")
     if data.get("skipped"):
         out.append("<h2>Skipped releases</h2><ul>")
         out += [f"<li>{e(n)}</li>" for n in data["skipped"]]

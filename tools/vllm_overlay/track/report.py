@@ -82,6 +82,8 @@ def markdown(rep: dict) -> str:
         for c in dropped:
             out.append(f"- `{c['id']}`, at {name} {c['release']}: {c['reason']}")
             out.append(f"  - proof: {c['proof']}")
+            if c.get("pull_request"):
+                out.append(f"  - came back through {c['pull_request']}")
         out.append("")
     if r.get("path"):
         out += ["## The walk", "",

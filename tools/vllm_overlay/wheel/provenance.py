@@ -141,7 +141,7 @@ def provenance(
                 "id": c.id,
                 "title": c.title,
                 "origin": c.origin,
-                "upstream_status": c.upstream_status,
+                "upstream_status": c.forwarded.summary(),
                 "files": [
                     {
                         "path": f.path,
@@ -215,7 +215,7 @@ def summary(doc: Mapping[str, Any]) -> str:
     lines.append(f"  changes    {len(doc['changes'])}")
     for c in doc["changes"]:
         lines.append(f"    {c['id']}: {c['title']}")
-        lines.append(f"      origin {c['origin']} ({c['upstream_status']})")
+        lines.append(f"      origin {c['origin']} ({c.get('upstream_status', '')})")
         for f in c["files"]:
             where = "in wheel" if f["in_wheel"] else "not wheel content"
             lines.append(

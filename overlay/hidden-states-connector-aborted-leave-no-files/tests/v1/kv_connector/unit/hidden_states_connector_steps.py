@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """vLLM's Scheduler with ExampleHiddenStatesConnector and the connector of the
-worker (TP rank 0), stepped without a forward pass: what vllm-overlay's tests of
-the connector's files (which are written, which are left behind) drive.
+worker (TP rank 0), stepped without a forward pass: what the tests of the
+connector's files (which are written, which are left behind) drive.
 
 Added by vllm-overlay. The hidden-states buffer is host memory, as on vLLM's CPU
-backend. A connector without vllm-overlay's hidden-states-connector-cpu-cache copies it
-with a CUDA stream, events and pinned memory, stood in for here (on the CPU every copy is
-already done), so the tests that need no change pass on a pristine tree too.
+backend. A connector that copies it with a CUDA stream, events and pinned memory has
+them stood in for here (on the CPU every copy is already done), so the tests that need
+no change pass on a tree without it too.
 """
 
 import contextlib

@@ -1,0 +1,264 @@
+"""`vllm-overlay upstream` on the synthetic upstream: the change of ours as upstream would take
+it (one commit, signed off, without our scaffolding), its tests with the commit (pass) and
+without it (fail), the hooks, and what it writes or refuses. Runs git, pytest (this Python)
+and ruff (this tool's, the synthetic tree pins none) for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import ADDED_TEST_BODY, CID, git_out
+from synthetic import ADDED_TEST, CONNECTOR
+from vllm_overlay.upstream import hooks, prepare, scrub
+
+NAME, EMAIL = "Ada Lovelace", "ada@example.org"
+
+SCAFFOLDED = (
+    '"""The connector reads its own group\'s block size.\n\n'
+    "Added by vllm-overlay with its change group-block-size.\n"
+    "The hidden-states group has a block size of its own.\n\n"
+    "Running on an unpatched tree: set ``VLLM_OVERLAY_TREE=pristine``; the tests that\n"
+    'need the change are then ``xfail(strict=True)``.\n"""\n\n'
+    "import os\n\nimport pytest\n\n"
+    '_TREE = os.environ.get("VLLM_OVERLAY_TREE", "patched")\n'
+    'if _TREE not in ("patched", "pristine"):\n'
+    '    raise ValueError(f"VLLM_OVERLAY_TREE={_TREE!r}")\n\n'
+    "needs_change = pytest.mark.xfail(\n"
+    '    _TREE == "pristine", reason="needs group-block-size", strict=True\n)\n\n\n'
+    "@needs_change\n"
+) + ADDED_TEST_BODY
+
+
+def _make_ours(p, *, security: bool = False, test_body: str = SCAFFOLDED) -> None:
+    """The project's one change as a change of ours, its test with our scaffolding."""
+    cfg = p.overlay / "overlay.toml"
+    text = (
+        cfg.read_text()
+        .replace(
+            'origin_kind = "backport"\n',
+            'origin_kind = "original"\nforwarded = "not-yet"\nsince = "1.0.0"\n'
+            'drop_condition = "the connector reads the group\'s block size"\n'
+            'reproduction = "Give the connector a group block size of 22: slots start at 528."\n'
+            + ("security = true\n" if security else ""),
+        )
+        .replace('drop_when = "vllm>=1.3.0"\n', "")
+    )
+    cfg.write_text(text)
+    p.change_file(ADDED_TEST).write_text(test_body)
+
+
+def _identity(root: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    for key, val in (("user.name", NAME), ("user.email", EMAIL)):
+        subprocess.run(["git", "config", key, val], cwd=root, check=True)
+
+
+def test_upstream_prepares_a_signed_commit_proven_both_ways(project, cli):
+    _make_ours(project)
+    _identity(project.root)
+    out = project.root / "out"
+    res = cli(
+        "upstream", CID, "--out", out, "--json", "--index-url", project.index.url, cwd=project.root
+    )
+    assert res.rc == 0, res.err
+    rep = json.loads(res.out)
+    assert rep["with"]["ok"] and rep["with"]["passed"] == 1
+    assert rep["without"]["failed"] == 1  # the tests fail on the release without the commit
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"0001-{CID}.patch", "proof.json", "pull-request.md", "vllm",
+    ]  # fmt: skip
+    clone = out / "vllm"
+    assert git_out(clone, "rev-parse", "--abbrev-ref", "HEAD") == f"upstream/{CID}"
+    assert git_out(clone, "rev-list", "--count", "refs/vllm-overlay/base..HEAD") == "1"
+    msg = git_out(clone, "log", "-1", "--format=%B")
+    assert msg.startswith("[Bugfix][KVConnector] Read the hidden-states block size")
+    assert msg.rstrip().endswith(f"Signed-off-by: {NAME} <{EMAIL}>")
+    assert "Reproduction:" in msg and "slots start at 528" in msg
+    assert git_out(clone, "log", "-1", "--format=%an <%ae>") == f"{NAME} <{EMAIL}>"
+    test = (clone / ADDED_TEST).read_text()
+    assert "vllm-overlay" not in test and "VLLM_OVERLAY_TREE" not in test
+    assert "needs_change" not in test and "import os" not in test  # ruff's fix took the import
+    assert "The hidden-states group has a block size of its own." in test
+    # ruff format's fix of the connector's line is in the commit, and the hooks then pass
+    assert "getattr(\n" in (clone / CONNECTOR).read_text()
+    assert {h["id"]: h["ok"] for h in rep["hooks"]} == {"ruff-check": True, "ruff-format": True}
+    assert git_out(clone, "status", "--porcelain") == ""
+    patch = (out / f"0001-{CID}.patch").read_text()
+    assert patch.startswith("From ") and f"Signed-off-by: {NAME} <{EMAIL}>" in patch
+    # the patch applies to the release as it was (git am, as a maintainer would)
+    subprocess.run(["git", "checkout", "-q", "-B", "check", "refs/vllm-overlay/base"], cwd=clone,
+                   check=True)  # fmt: skip
+    env = {"GIT_COMMITTER_NAME": "m", "GIT_COMMITTER_EMAIL": "m@x", "HOME": str(project.root)}
+    subprocess.run(["git", "am", "-q", str(out / f"0001-{CID}.patch")], cwd=clone, check=True,
+                   env={**env, "PATH": "/usr/bin:/bin"})  # fmt: skip
+    body = (out / "pull-request.md").read_text()
+    assert body.startswith("## Purpose") and "## Test Plan" in body and "## Test Result" in body
+    assert "1 passed" in body and "1 failed" in body
+    assert json.loads((out / "proof.json").read_text())["ok"] is True
+    assert "upstream: NOT YET SENT" in cli("status", cwd=project.root).out
+
+
+def test_a_security_fix_gets_an_advisory_and_no_pull_request_body(project, cli):
+    _make_ours(project, security=True)
+    _identity(project.root)
+    out = project.root / "out"
+    res = cli("upstream", CID, "--out", out, "--index-url", project.index.url, cwd=project.root)
+    assert res.rc == 0, res.err
+    assert not (out / "pull-request.md").exists()
+    adv = (out / "advisory.md").read_text()
+    assert adv.startswith("# Security advisory draft:")
+    assert "privately" in adv and "1 failed" in adv
+    assert "a security fix" in res.out
+
+
+def test_refused_when_the_tests_pass_without_the_change(project, cli):
+    passing = "def test_nothing_to_do_with_it():\n    assert True\n"
+    _make_ours(project, test_body=passing)
+    _identity(project.root)
+    out = project.root / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("kept")
+    res = cli("upstream", CID, "--out", out, "--index-url", project.index.url, cwd=project.root)
+    assert res.rc == 1
+    assert "the tests without the commit did not fail" in res.err
+    assert [p.name for p in out.iterdir()] == ["old.txt"]  # the old output stays as it was
+    refused = json.loads((project.root / "out.refused.json").read_text())
+    assert refused["ok"] is False and refused["without"]["passed"] == 1
+
+
+def test_refused_without_a_git_identity(project, cli):
+    _make_ours(project)
+    res = cli("upstream", CID, "--index-url", project.index.url, cwd=project.root)
+    assert res.rc == 2
+    assert "git config --global user.name" in res.err
+
+
+def test_refused_where_the_overlay_is_still_named(project, cli):
+    _make_ours(project, test_body="# Written for vllm-overlay's series.\n" + ADDED_TEST_BODY)
+    _identity(project.root)
+    res = cli("upstream", CID, "--index-url", project.index.url, cwd=project.root)
+    assert res.rc == 1
+    assert f"{ADDED_TEST}:1: # Written for vllm-overlay's series." in res.err
+
+
+def test_a_backport_is_not_ours_to_send(project, cli):
+    _identity(project.root)
+    res = cli("upstream", CID, "--index-url", project.index.url, cwd=project.root)
+    assert res.rc == 2 and "is a backport of" in res.err
+
+
+def test_scrub_leaves_what_upstream_reads():
+    out = scrub.scrub(SCAFFOLDED)
+    assert scrub.leftovers("t.py", out) == []
+    assert "@needs_change" not in out and "_TREE" not in out
+    assert out.startswith('"""The connector reads its own group\'s block size.\n\n')
+    assert "def test_group_block_size" in out
+    assert scrub.scrub(ADDED_TEST_BODY) == ADDED_TEST_BODY  # nothing to take out
+
+
+def test_adjacent_insertions_keep_ours_without_the_earlier_change():
+    merged = (
+        b"a\n<<<<<<< upstream\n||||||| series\nearlier\n=======\nmine\nearlier\n>>>>>>> change\nz\n"
+    )
+    assert prepare._adjacent(merged) == b"a\nmine\nz\n"
+    after = merged.replace(b"mine\nearlier\n", b"earlier\nmine\n")
+    assert prepare._adjacent(after) == b"a\nmine\nz\n"
+    overlap = merged.replace(b"mine\nearlier\n", b"changed\n")
+    assert prepare._adjacent(overlap) is None
+
+
+def test_title_follows_vllms_rule():
+    assert prepare.title_ok("[Bugfix][KVConnector] Keep files inside")
+    assert not prepare.title_ok("Keep files inside")
+    assert not prepare.title_ok("[Bugfix]Keep")
+
+
+def _hook_tree(tmp_path: Path, config: str) -> Path:
+    tree = tmp_path / "tree"
+    (tree / "tools").mkdir(parents=True)
+    (tree / ".pre-commit-config.yaml").write_text(config)
+    (tree / "tools" / "no_print.py").write_text(
+        "import sys\n"
+        "bad = [f for f in sys.argv[1:] if 'print(' in open(f).read()]\n"
+        "print(*bad)\nsys.exit(1 if bad else 0)\n"
+    )
+    (tree / "a.py").write_text("print('x')\n")
+    (tree / "b.txt").write_text("print(\n")
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    subprocess.run(["git", "-C", str(tree), "add", "-A"], check=True)
+    return tree
+
+
+RUFF = """\
+- repo: https://github.com/astral-sh/ruff-pre-commit
+  rev: 0123456789abcdef0123456789abcdef01234567  # frozen: v0.17.2
+  hooks:
+  - id: ruff-check
+"""
+LOCAL = """\
+- repo: local
+  hooks:
+  - id: no-print
+    name: no print
+    language: python
+    entry: python tools/no_print.py
+    types: [python]
+  - id: needs-mypy
+    name: mypy
+    language: python
+    entry: python tools/mypy.py
+    types: [python]
+    additional_dependencies: ["mypy==0.0.1"]
+  - id: msg
+    name: msg
+    language: system
+    entry: true
+    stages: [commit-msg]
+"""
+CONFIG = "repos:\n" + RUFF + LOCAL
+
+
+def test_the_ruff_version_comes_from_the_frozen_comment(tmp_path):
+    tree = _hook_tree(tmp_path, CONFIG)
+    config = hooks.load_config(tree, sys.executable)
+    assert hooks.ruff_version(tree, config) == "0.17.2"
+    tagged = {"repos": [{"repo": "https://github.com/astral-sh/ruff-pre-commit", "rev": "v0.6.1"}]}
+    assert hooks.ruff_version(tree, tagged) == "0.6.1"
+    assert hooks.ruff_version(tree, None) == ""
+
+
+def test_local_python_hooks_run_on_the_files_they_select(tmp_path):
+    tree = _hook_tree(tmp_path, "repos:\n" + LOCAL)  # no ruff: nothing to install
+    selected = hooks.select(tree, ["a.py", "b.txt"], sys.executable)
+    ids = [e[0] for e in selected.entries]
+    assert ids == ["no-print"]  # the commit-msg hook is not a pre-commit one
+    assert selected.entries[0][2] == ["a.py"]  # types: [python]
+    [mypy] = selected.skipped
+    assert mypy.id == "needs-mypy" and "mypy" in mypy.why_skipped
+    results = hooks.run_hooks(tree, selected)
+    assert [(r.id, r.ran, r.ok) for r in results] == [("no-print", True, False),
+                                                      ("needs-mypy", False, True)]  # fmt: skip
+    assert "a.py" in results[0].output
+
+
+@pytest.mark.parametrize("missing", ["user.name", "user.email"])
+def test_identity_needs_both(project, missing):
+    from vllm_overlay.gitrepo import user_identity
+
+    _identity(project.root)
+    subprocess.run(["git", "config", "--unset", missing], cwd=project.root, check=True)
+    assert user_identity(project.root) is None
+
+
+def test_status_json_has_the_standing(project, cli):
+    _make_ours(project)
+    data = json.loads(cli("status", "--json", cwd=project.root).out)
+    [c] = data["changes"]
+    assert c["forwarded"] == {"state": "not-yet", "summary": "not yet sent upstream"}
+    assert c["since"] == "1.0.0"
+    assert tomllib.loads((project.overlay / "overlay.toml").read_text())["change"][0]["forwarded"]

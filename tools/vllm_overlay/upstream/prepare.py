@@ -1,0 +1,257 @@
+"""One change of ours as upstream would take it: a commit on a clone of the release's tree.
+
+The tree is the pinned release's sdist as a git repository (``pin/trees.py``, what apply and
+the walk start from), cloned into the output directory. The change's files there are its own
+edits alone, without the changes before it in our series: for each file, upstream's at the
+release plus the change's diff, merged three-way (``git merge-file``: base = the file as the
+earlier changes leave it, ours = upstream's, theirs = the file after the change). Where the
+change's lines only sit next to an earlier change's (an insertion beside lines upstream does
+not have), the insertion is kept and the earlier change's lines are not (``_adjacent``); any
+other overlap is refused, naming the earlier changes.
+
+Tests go into vLLM's own layout: our test files already live at vLLM's paths; a test helper
+that an earlier change of ours added and these tests import (``tests/...`` modules) comes
+along whole. Every test file is scrubbed of our scaffolding (``scrub.py``); a mention of the
+overlay left anywhere in the commit is refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_overlay.errors import UpstreamError
+from vllm_overlay.gitrepo import git, merge_file, open_repo, run_git, show_bytes, switch
+from vllm_overlay.overlay.checkout import plan
+from vllm_overlay.overlay.model import Change, Overlay, safe_join
+from vllm_overlay.pin.lockfile import Lock
+from vllm_overlay.pin.trees import BASE_REF, upstream_repo
+from vllm_overlay.upstream import scrub
+
+BRANCH_PREFIX = "upstream/"
+
+
+@dataclass
+class Prepared:
+    """The change's files as upstream would take them, before the commit."""
+
+    change: Change
+    files: dict[str, bytes]  # path -> content in the commit
+    base_files: dict[str, bytes | None]  # path -> upstream's content at the release (None: new)
+    brought: dict[str, str] = field(default_factory=dict)  # helper path -> the change adding it
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tests(self) -> list[str]:
+        """The change's test files (and helpers) in the commit."""
+        return sorted(p for p in self.files if p.startswith("tests/") and p.endswith(".py"))
+
+
+def _adjacent(merged: bytes) -> bytes | None:
+    """``merged`` (diff3 output) with each conflict resolved where one side only inserted
+    lines next to the base's (theirs = X + base or base + X: X, then ours); None where a
+    conflict is anything else."""
+    out: list[bytes] = []
+    lines = merged.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith(b"<<<<<<< "):
+            out.append(lines[i])
+            i += 1
+            continue
+        ours, base, theirs, part = [], [], [], "ours"
+        i += 1
+        while i < len(lines) and not lines[i].startswith(b">>>>>>> "):
+            ln = lines[i]
+            if ln.startswith(b"||||||| "):
+                part = "base"
+            elif ln.startswith(b"=======") and ln.strip() == b"=======":
+                part = "theirs"
+            else:
+                {"ours": ours, "base": base, "theirs": theirs}[part].append(ln)
+            i += 1
+        i += 1
+        n = len(base)
+        if n and theirs[len(theirs) - n :] == base:
+            out += theirs[: len(theirs) - n] + ours  # inserted before the base's lines
+        elif n and theirs[:n] == base:
+            out += ours + theirs[n:]  # inserted after them
+        else:
+            return None
+    return b"".join(out)
+
+
+def _imported_helpers(path: str, text: str) -> list[str]:
+    """The ``tests/...`` modules a test file imports, as paths."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    mods = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods.append(node.module)
+        elif isinstance(node, ast.Import):
+            mods += [a.name for a in node.names]
+    return [m.replace(".", "/") + ".py" for m in mods if m.startswith("tests.")]
+
+
+def prepare(lock: Lock, overlay: Overlay, change_id: str, *, index_url: str | None = None
+            ) -> tuple[Prepared, Path, str]:  # fmt: skip
+    """The change's files for upstream; with the release's repository and base commit."""
+    change = overlay.change(change_id)
+    repo, base = upstream_repo(lock, source="sdist", index_url=index_url)
+    planned = plan(lock, overlay, repo, base)
+    idx = [pc.change.id for pc in planned].index(change_id)
+    series: dict[str, bytes] = {}  # the tree (touched files) as the earlier changes leave it
+    added_by: dict[str, str] = {}
+    for pc in planned[:idx]:
+        series.update(pc.files)
+        for p in pc.added:
+            added_by.setdefault(p, pc.change.id)
+    after = planned[idx].files
+    prep = Prepared(change, {}, {})
+    for path in change.files:
+        prep.base_files[path] = pristine = show_bytes(repo, base, path)
+        before, new = series.get(path, pristine), after[path]
+        if pristine is None and before is not None and not path.startswith("tests/"):
+            raise UpstreamError(
+                f"{path} does not exist in {lock.upstream.name} {lock.upstream.version}: "
+                f"{added_by.get(path, 'an earlier change')} adds it, and {change_id} edits it. "
+                "Send that change first (or together with this one)."
+            )
+        if before is None or before == pristine:
+            prep.files[path] = new
+            continue
+        if pristine is None:  # a test file an earlier change added: it comes whole
+            prep.files[path] = new
+            prep.brought[path] = added_by.get(path, "an earlier change")
+            continue
+        merged, conflicts = merge_file(pristine, before, new, ("upstream", "series", change_id))
+        result = merged if not conflicts else _adjacent(merged)
+        if result is None:
+            earlier = [c.id for c in overlay.owners(path) if c.id != change_id]
+            raise UpstreamError(
+                f"{change_id}'s edit of {path} overlaps the earlier changes' "
+                f"({', '.join(earlier)}) there: it does not apply to {lock.upstream.name} "
+                f"{lock.upstream.version} alone. Send those first, or make the change stand on "
+                "its own (`vllm-overlay edit`, export)."
+            )
+        if conflicts:
+            prep.notes.append(
+                f"{path}: the change's lines sit next to an earlier change's; kept without them"
+            )
+        prep.files[path] = result
+    _bring_helpers(prep, repo, base, {**series, **after}, added_by)
+    for path in prep.tests:
+        prep.files[path] = scrub.scrub(prep.files[path].decode()).encode()
+    return prep, repo, base
+
+
+def _bring_helpers(prep: Prepared, repo: Path, base: str, tree: dict[str, bytes],
+                   added_by: dict[str, str]) -> None:  # fmt: skip
+    todo = list(prep.tests)
+    while todo:
+        path = todo.pop()
+        for helper in _imported_helpers(path, prep.files[path].decode(errors="replace")):
+            if helper in prep.files or show_bytes(repo, base, helper) is not None:
+                continue
+            if helper not in tree:
+                raise UpstreamError(
+                    f"{path} imports {helper}, which neither the release nor our series has."
+                )
+            prep.files[helper] = tree[helper]
+            prep.base_files[helper] = None
+            prep.brought[helper] = added_by.get(helper, prep.change.id)
+            todo.append(helper)
+    for helper, cid in sorted(prep.brought.items()):
+        prep.notes.append(f"{helper}: a test helper {cid} adds; it comes along whole")
+
+
+def leftovers(prep: Prepared, message: str) -> list[str]:
+    """Every mention of our overlay left in the commit's files or message."""
+    found = scrub.leftovers("commit message", message)
+    for path, data in sorted(prep.files.items()):
+        old = prep.base_files.get(path) or b""
+        before = set(old.decode(errors="replace").splitlines())
+        for hit in scrub.leftovers(path, data.decode(errors="replace")):
+            if hit.split(": ", 1)[1] not in {ln.strip() for ln in before}:
+                found.append(hit)
+    return found
+
+
+def clone(repo: Path, base: str, dest: Path, change_id: str) -> None:
+    """A work tree of the release at ``dest`` (new), on branch ``upstream/<change id>``."""
+    git("clone", "-q", "--no-checkout", str(repo), str(dest))
+    with open_repo(dest) as w:
+        run_git(w.git, "fetch", "-q", "--no-tags", str(repo), f"+{BASE_REF}:{BASE_REF}")
+        run_git(w.git, "remote", "remove", "origin")
+        switch(w, base, BRANCH_PREFIX + change_id)
+
+
+def write(dest: Path, files: dict[str, bytes]) -> None:
+    for path, data in files.items():
+        target = safe_join(dest, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
+def commit(dest: Path, paths: list[str], message: str, identity: tuple[str, str], date: str) -> str:
+    """Commit ``paths`` in ``dest`` as the user (author and committer), on ``date``."""
+    name, email = identity
+    env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_NAME": name,
+           "GIT_COMMITTER_EMAIL": email, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}  # fmt: skip
+    with open_repo(dest) as w:
+        run_git(w.git, "add", "-f", "--", *paths)
+        run_git(w.git, "commit", "-q", "--no-verify", "-F", "-", input=message, env=env)
+        return w.head.commit.hexsha
+
+
+def amend_fixes(dest: Path, paths: list[str], date: str, identity: tuple[str, str]) -> bool:
+    """Fold what the hooks fixed in the work tree into the commit; True when there was any."""
+    with open_repo(dest) as w:
+        changed = run_git(w.git, "status", "--porcelain", "--", *paths).stdout.strip()
+        if not changed:
+            return False
+        name, email = identity
+        env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_NAME": name,
+               "GIT_COMMITTER_EMAIL": email, "GIT_AUTHOR_DATE": date,
+               "GIT_COMMITTER_DATE": date}  # fmt: skip
+        run_git(w.git, "add", "-f", "--", *paths)
+        run_git(w.git, "commit", "-q", "--no-verify", "--amend", "--no-edit", env=env)
+        return True
+
+
+def format_patch(dest: Path, rev: str = "HEAD") -> bytes:
+    """``git format-patch -1 --stdout`` of ``rev``: no signature (no tool version in it)."""
+    with open_repo(dest) as w:
+        return run_git(w.git, "format-patch", "-1", "--stdout", "--no-signature", rev
+                       ).stdout.encode()  # fmt: skip
+
+
+def test_tree(dest: Path, rev: str, out: Path, *, keep: list[str] | None = None) -> Path:
+    """The files of ``rev`` in the new directory ``out``; ``keep``: then overlay these paths
+    as the commit HEAD has them (the tests on the release without the change)."""
+    from vllm_overlay.testing.proving import export_tree
+
+    tree = export_tree(dest, rev, out)
+    for path in keep or []:
+        data = show_bytes(dest, "HEAD", path)
+        if data is not None:
+            target = safe_join(tree, path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    return tree
+
+
+def remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def title_ok(title: str) -> bool:
+    """vLLM's pull-request title rule (its .github/workflows/pr-title.yml): one or more
+    ``[Tag]`` prefixes, a space, then the description."""
+    return re.match(r"^(\[[^][]+\])+ +\S.*$", title) is not None

@@ -1,0 +1,204 @@
+"""`vllm-overlay upstream CHANGE`: prepare, prove and write what a person submits.
+
+1. The commit (``prepare.py``): the change alone on a clone of the release's tree, its tests
+   in vLLM's layout without our scaffolding, signed off by the user.
+2. The hooks (``hooks.py``): the release's pre-commit hooks on the commit's files, once to
+   apply their fixes (folded into the commit), then again, where each must pass unchanged.
+3. The proof: the change's tests at the release with the commit (they must pass) and on the
+   release without it, the tests alone (they must fail), in the release's test environment.
+4. The files: ``<id>.patch`` (``git format-patch``), ``pull-request.md`` (the release's
+   template filled) or, for a change marked ``security``, ``advisory.md`` and nothing meant for
+   public eyes; ``proof.json``; the clone, ``vllm/``, on branch ``upstream/<id>``. All of it is
+   built beside the output directory and renamed into place: a refused run leaves the old
+   output as it was, and writes the proof of its refusal to ``<out>.refused.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from vllm_overlay.errors import UpstreamError, UsageError
+from vllm_overlay.gitrepo import last_commit_date, show_bytes, user_identity
+from vllm_overlay.overlay.project import Project
+from vllm_overlay.testing import proving
+from vllm_overlay.upstream import hooks as hooks_
+from vllm_overlay.upstream import prepare as prep_
+from vllm_overlay.upstream import texts
+from vllm_overlay.util import atomic_write_text, info
+
+FIXED_DATE = "2000-01-01T00:00:00+0000"
+
+
+def default_out(project: Project, change_id: str) -> Path:
+    return project.work_dir / "upstream" / change_id
+
+
+def identity(project: Project) -> tuple[str, str]:
+    found = user_identity(project.root)
+    if found is None:
+        raise UsageError(
+            "your git identity is not set: vLLM takes only signed-off commits (DCO), signed "
+            'with your name and email. Set them: git config --global user.name "Your Name"; '
+            "git config --global user.email you@example.com"
+        )
+    return found
+
+
+def _date(project: Project, change_id: str) -> str:
+    """The commit's date: the last commit of the change in this project's history (the same
+    overlay gives the same patch), else a fixed one."""
+    return last_commit_date(project.root, f"overlay/{change_id}") or FIXED_DATE
+
+
+def _run(tree: Path, targets: list[str], work: Path, name: str, test_python: str | None) -> dict:
+    run = proving.run_tests(
+        proving.runner_for(tree, test_python),
+        tree,
+        [os.fspath(tree / t) for t in targets],
+        work / f"{name}-work",
+        work / f"{name}.log",
+    )
+    return {"ok": run.ok, "summary": run.summary, "counts": run.counts(), "failing": run.failing,
+            "passed": run.passed, "failed": run.failed, "errors": run.errors,
+            "first_error": run.first_error, "log": run.log}  # fmt: skip
+
+
+def upstream(project: Project, change_id: str, *, out: Path | None = None,
+             prefix: str | None = None, index_url: str | None = None,
+             test_python: str | None = None) -> dict:  # fmt: skip
+    """Prepare ``change_id`` for upstream into ``out``; the report (raises when refused)."""
+    started = time.monotonic()
+    lock, overlay = project.lock(), project.overlay()
+    change = overlay.change(change_id)
+    if not change.ours:
+        raise UsageError(
+            f"{change_id} is a backport of {change.origin}: it is upstream's own work already."
+        )
+    who = identity(project)
+    name, release = lock.upstream.name, lock.upstream.version
+    out = (out or default_out(project, change_id)).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    info(f"upstream: {change_id} as {name} {release} would take it")
+    prep, repo, base = prep_.prepare(lock, overlay, change_id, index_url=index_url)
+    title = f"{prefix or texts.prefix_for(change)} {change.title}"
+    if not prep_.title_ok(title):
+        raise UsageError(f"{title!r} does not follow vLLM's title rule: [Tag] prefixes, a "
+                         "space, the description (pass --prefix \"[Bugfix]\").")  # fmt: skip
+    targets = [t for t in prep.tests if os.path.basename(t).startswith("test_")]
+    message = texts.commit_message(change, title, targets, who)
+    left = prep_.leftovers(prep, message)
+    if left:
+        raise UpstreamError(
+            "our overlay is still named in what would go upstream:\n    "
+            + "\n    ".join(left)
+            + "\nSay it without naming the overlay in the change's files (overlay/"
+            f"{change_id}/) or its why, then run this again."
+        )
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    stage.chmod(0o755)  # what mkdir would make (mkdtemp's is private)
+    try:
+        report = _build(project, prep, repo, base, stage, title, message, who, targets,
+                        test_python)  # fmt: skip
+        report["seconds"] = round(time.monotonic() - started, 1)
+        if not report["ok"]:
+            refused = out.parent / f"{out.name}.refused.json"
+            atomic_write_text(refused, json.dumps(report, indent=2, sort_keys=True) + "\n")
+            raise UpstreamError(_refusal(report, refused))
+        atomic_write_text(stage / "proof.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+        old = out.parent / f".{out.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if out.exists():
+            out.rename(old)
+        stage.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+        (out.parent / f"{out.name}.refused.json").unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    report["out"] = os.fspath(out)
+    report["written"] = [os.fspath(out / f) for f in report["files"]]
+    return report
+
+
+def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: str,
+           message: str, who: tuple[str, str], targets: list[str],
+           test_python: str | None) -> dict:  # fmt: skip
+    change = prep.change
+    lock = project.lock()
+    name, release = lock.upstream.name, lock.upstream.version
+    clone = stage / "vllm"
+    prep_.clone(repo, base, clone, change.id)
+    prep_.write(clone, prep.files)
+    date = _date(project, change.id)
+    paths = sorted(prep.files)
+    prep_.commit(clone, paths, message, who, date)
+    python = test_python or _hooks_python(clone, stage / "runs" / "hooks")
+    selected = hooks_.select(clone, paths, python)
+    fixes = hooks_.run_hooks(clone, selected)  # their fixes, as a first pre-commit run makes
+    fixed = prep_.amend_fixes(clone, paths, date, who)
+    checked = hooks_.run_hooks(clone, selected)
+    work = stage / "runs"
+    with_tree = prep_.test_tree(clone, "HEAD", work / "with")
+    without_tree = prep_.test_tree(clone, base, work / "without", keep=prep.tests)
+    info(f"upstream: {change.id}'s tests with the commit, then on {release} without it")
+    with_ = _run(with_tree, targets, work, "with", test_python)
+    without = _run(without_tree, targets, work, "without", test_python)
+    shutil.rmtree(with_tree, ignore_errors=True)
+    shutil.rmtree(without_tree, ignore_errors=True)
+    hooks_ok = all(h.ok for h in checked if h.ran) and any(
+        h.ran and h.id.startswith("ruff") for h in checked)  # fmt: skip
+    without_fails = not without["ok"] and (without["failed"] + without["errors"] > 0)
+    proof = {
+        "change": change.id, "release": f"{name} {release}", "title": title,
+        "targets": targets, "with": with_, "without": without,
+        "hooks": [h.to_json() for h in checked], "hook_fixes": [h.to_json() for h in fixes
+                                                                if h.changed],
+        "hooks_fixed_files": fixed, "brought": prep.brought, "notes": prep.notes,
+        "security": change.security,
+    }  # fmt: skip
+    patch = prep_.format_patch(clone)
+    patch_name = f"0001-{change.id}.patch"
+    (stage / patch_name).write_bytes(patch)
+    files = [patch_name]
+    if change.security:
+        policy = (show_bytes(clone, "HEAD", texts.SECURITY) or b"").decode()
+        text = texts.advisory(change, release, name, policy, proof, patch_name)
+        (stage / "advisory.md").write_text(text)
+        files.append("advisory.md")
+    else:
+        template = show_bytes(clone, "HEAD", texts.TEMPLATE)
+        body = texts.pr_body(change, template.decode() if template else None, proof)
+        (stage / "pull-request.md").write_text(body)
+        files.append("pull-request.md")
+    files += ["proof.json", "vllm/"]
+    shutil.rmtree(work, ignore_errors=True)
+    failed = []
+    if not with_["ok"]:
+        failed.append(f"the tests with the commit: {with_['summary']} ({with_['first_error']})")
+    if not without_fails:
+        failed.append(f"the tests without the commit did not fail: {without['summary']}")
+    for h in checked:
+        if h.ran and not h.ok:
+            changed = f", changed {', '.join(h.changed)}" if h.changed else ""
+            failed.append(f"hook {h.id}{changed}: {h.output[-800:]}")
+    if not hooks_ok and not any(h.ran and h.id.startswith("ruff") for h in checked):
+        failed.append("ruff did not run (no ruff found)")
+    sizes = {f: (stage / f).stat().st_size for f in files if (stage / f).is_file()}
+    return {**proof, "ok": not failed, "failed": failed, "files": files, "sizes": sizes,
+            "patch_lines": patch.count(b"\n")}  # fmt: skip
+
+
+def _hooks_python(tree: Path, work: Path) -> str:
+    """The Python the local hooks run with: the release's test environment's for vLLM."""
+    python, _ = proving.runner_for(tree).command(tree, work)
+    return python
+
+
+def _refusal(report: dict, where: Path) -> str:
+    return (f"refused: {report['change']} is not ready for upstream; what failed:\n    "
+            + "\n    ".join(x.replace("\n", "\n      ") for x in report["failed"])
+            + f"\nThe whole proof is in {where}; nothing else was written.")  # fmt: skip
