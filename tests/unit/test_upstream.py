@@ -170,6 +170,8 @@ def test_adjacent_insertions_keep_ours_without_the_earlier_change():
     assert prepare._adjacent(after) == b"a\nmine\nz\n"
     overlap = merged.replace(b"mine\nearlier\n", b"changed\n")
     assert prepare._adjacent(overlap) is None
+    within = merged.replace(b"mine\nearlier\n", b"mine_earlier\n")  # not whole lines
+    assert prepare._adjacent(within) is None
 
 
 def test_title_follows_vllms_rule():

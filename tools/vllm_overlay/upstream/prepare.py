@@ -29,6 +29,7 @@ from vllm_overlay.overlay.checkout import plan
 from vllm_overlay.overlay.model import Change, Overlay, safe_join
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.pin.trees import BASE_REF, upstream_repo
+from vllm_overlay.rebase.records import split_diff3
 from vllm_overlay.upstream import scrub
 
 BRANCH_PREFIX = "upstream/"
@@ -51,37 +52,25 @@ class Prepared:
 
 
 def _adjacent(merged: bytes) -> bytes | None:
-    """``merged`` (diff3 output) with each conflict resolved where one side only inserted
-    lines next to the base's (theirs = X + base or base + X: X, then ours); None where a
-    conflict is anything else."""
-    out: list[bytes] = []
-    lines = merged.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        if not lines[i].startswith(b"<<<<<<< "):
-            out.append(lines[i])
-            i += 1
-            continue
-        ours, base, theirs, part = [], [], [], "ours"
-        i += 1
-        while i < len(lines) and not lines[i].startswith(b">>>>>>> "):
-            ln = lines[i]
-            if ln.startswith(b"||||||| "):
-                part = "base"
-            elif ln.startswith(b"=======") and ln.strip() == b"=======":
-                part = "theirs"
-            else:
-                {"ours": ours, "base": base, "theirs": theirs}[part].append(ln)
-            i += 1
-        i += 1
-        n = len(base)
-        if n and theirs[len(theirs) - n :] == base:
-            out += theirs[: len(theirs) - n] + ours  # inserted before the base's lines
-        elif n and theirs[:n] == base:
-            out += ours + theirs[n:]  # inserted after them
+    """``merged`` (diff3 output, read as the rebase's records read it) with each conflict
+    resolved where one side only inserted lines next to the base's (theirs = X + base or
+    base + X: X, then ours); None where a conflict is anything else."""
+    split = split_diff3(merged.decode("utf-8", "surrogateescape"))
+    if split is None:
+        return None
+    common, hunks = split
+    out = common[0]
+    for h, after in zip(hunks, common[1:], strict=True):
+        ours, base, theirs = h.release_side, h.base_side, h.ours_side
+        before = theirs[: len(theirs) - len(base)]
+        if base and theirs.endswith(base) and (not before or before.endswith("\n")):
+            out += before + ours  # whole lines inserted before the base's
+        elif base and theirs.startswith(base):
+            out += ours + theirs[len(base) :]  # inserted after them
         else:
             return None
-    return b"".join(out)
+        out += after
+    return out.encode("utf-8", "surrogateescape")
 
 
 def _imported_helpers(path: str, text: str) -> list[str]:
