@@ -137,7 +137,7 @@ def _build(rec: ClientRecipe, staging: Path) -> dict:
             + (f" with the set pinned in {rec.constraints_file}" if rec.constraints_file else "")
             + f": {e}"
         ) from e
-    (version,) = envbuild.installed_versions(
+    (version,) = envbuild.printed(
         v, f"import importlib.metadata as m; print(m.version({rec.name!r}))"
     )
     return envbuild.finish_venv(

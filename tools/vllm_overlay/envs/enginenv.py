@@ -309,7 +309,7 @@ def _build(rec: EngineRecipe, wheel: Path, staging: Path) -> dict:
         out = v.installer.install(v.python, args, v.env, hint="")
     except CommandError as e:
         raise _missing_package(rec, e) from e
-    torch_version, vllm_version = envbuild.installed_versions(
+    torch_version, vllm_version = envbuild.printed(
         v,
         "import importlib.metadata as m, torch; "
         f"print(torch.__version__); print(m.version({str(rec.distribution)!r}))",

@@ -230,8 +230,9 @@ def finish_venv(v: Venv, staging: Path, out: process.Output, recipe_json: str, t
     return {**marker, "build_seconds": seconds, "installer": v.installer.name}
 
 
-def installed_versions(v: Venv, code: str) -> list[str]:
-    """What ``code`` prints in the new environment, split (the versions a marker records)."""
+def printed(v: Venv, code: str) -> list[str]:
+    """What ``code`` prints in the new environment, split on whitespace (the versions a marker
+    records, a path)."""
     return process.run(v.python, "-c", code, env=v.env).stdout.split()
 
 

@@ -482,11 +482,9 @@ def _build(rec: Recipe, staging: Path) -> dict:
         "above. Nothing was kept; run it again once the cause is fixed.",
     )
     if rec.cpu_version:
-        (site,) = envbuild.installed_versions(
-            v, "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-        )
+        (site,) = envbuild.printed(v, "import sysconfig; print(sysconfig.get_paths()['purelib'])")
         put_version_first(Path(site))
-    (torch_version,) = envbuild.installed_versions(v, "import torch; print(torch.__version__)")
+    (torch_version,) = envbuild.printed(v, "import torch; print(torch.__version__)")
     for repo, config in rec.hf_models:
         cache = staging / HF_HOME / "hub" / ("models--" + repo.replace("/", "--"))
         util.atomic_write_text(cache / "refs" / "main", HF_REVISION)
