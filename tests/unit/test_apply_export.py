@@ -238,6 +238,28 @@ def test_export_check_names_every_file_that_would_change(project, cli, tmp_path)
     assert "+# more" in (project.change_file(CONNECTOR + ".patch")).read_text()
 
 
+def test_export_from_a_stale_checkout_is_refused(project, cli, tmp_path):
+    """A checkout applied before overlay/ changed (a pull, a merge: here, another checkout's
+    export) holds nothing to export: export and --check say so, write nothing, and name
+    apply; after apply it is up to date."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert apply(cli, project, old).rc == 0
+    assert cli("export", "--checkout", old, cwd=project.root).rc == 0  # canonical bytes
+    assert apply(cli, project, new).rc == 0
+    (new / CONNECTOR).write_text((new / CONNECTOR).read_text() + "\n# theirs\n")
+    assert cli("export", "--checkout", new, cwd=project.root).rc == 0
+    snap = tree_snapshot(project.overlay)
+    for extra in ((), ("--check",)):
+        res = cli("export", *extra, "--checkout", old, cwd=project.root)
+        assert res.rc == 1, res.out
+        assert f"{old} is stale" in res.err and f"overlay/{CID}/{CONNECTOR}.patch" in res.err
+        assert "vllm-overlay apply" in res.err
+        assert tree_snapshot(project.overlay) == snap
+    assert apply(cli, project, old).rc == 0
+    res = cli("export", "--check", "--checkout", old, cwd=project.root)
+    assert res.rc == 0 and "up to date" in res.out, res.err
+
+
 def test_export_check_without_checkout_makes_one(project, cli):
     # the fixture's patch was written by difflib, not export: the round trip shows it
     res = cli("export", "--check", "--index-url", project.index.url, cwd=project.root)

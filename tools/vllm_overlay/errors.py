@@ -107,6 +107,11 @@ class ExportMismatchError(OverlayError):
     """export --check: the committed overlay differs from what export would write."""
 
 
+class StaleCheckoutError(OverlayError):
+    """export: the checkout has nothing of the user's, and overlay/ changed since it was
+    applied (a pull, a merge): exporting it would only write the older changes back."""
+
+
 class BuildError(OverlayError):
     """A wheel could not be built or failed verification."""
 

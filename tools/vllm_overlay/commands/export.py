@@ -13,8 +13,7 @@ from vllm_overlay.commands._options import (
 from vllm_overlay.errors import ExportMismatchError, UsageError
 from vllm_overlay.gitrepo import show_bytes
 from vllm_overlay.overlay import history
-from vllm_overlay.overlay.checkout import apply_overlay, is_checkout
-from vllm_overlay.overlay.export import export_overlay
+from vllm_overlay.overlay.checkout import apply_overlay, export_checked, is_checkout
 from vllm_overlay.overlay.importing import refuse_during_import
 from vllm_overlay.overlay.model import CONFIG_NAME
 from vllm_overlay.overlay.project import Project, find_project
@@ -69,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     dest = checkout_of(args, project)
     if args.check and not is_checkout(dest):
         apply_overlay(lock, overlay, dest, index_url=args.index_url)
-    res = export_overlay(lock, overlay, dest, check=args.check)
+    res = export_checked(lock, overlay, dest, check=args.check)
     if args.check:
         if res.differs:
             lines = [f"  would write overlay/{p}" for p in res.written]

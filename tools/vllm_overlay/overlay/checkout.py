@@ -18,12 +18,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vllm_overlay.errors import CheckoutError, OverlayError
+from vllm_overlay.errors import CheckoutError, OverlayError, StaleCheckoutError
 from vllm_overlay.gitrepo import (
     Repo,
     commit,
     commit_message,
+    config_get,
     config_set,
     git,
     head_state,
@@ -51,6 +53,9 @@ from vllm_overlay.util import cache_dir, exclusive_lock
 BRANCH = "overlay"
 APPLIED_REF = "refs/vllm-overlay/applied"
 DIGEST_KEY = "vllm-overlay.overlay-digest"
+
+if TYPE_CHECKING:
+    from vllm_overlay.overlay.export import ExportResult
 
 
 @dataclass
@@ -193,6 +198,39 @@ def _apply_to(dest: Repo, repo: Path, base: str, planned: list[PlannedChange], d
     return result
 
 
+def stale(dest: Path, overlay: Overlay) -> bool:
+    """The checkout is what apply made of another overlay/ than today's (a pull or a merge
+    came since): no commit above it, no uncommitted edit, and the overlay's digest is not the
+    one it was applied from."""
+    with open_repo(dest) as repo:
+        if not _unedited(rev_parse(repo, "HEAD"), rev_parse(repo, APPLIED_REF), uncommitted(repo)):
+            return False
+        applied = config_get(repo, DIGEST_KEY)
+    return applied is not None and applied != overlay_digest(overlay.dir)
+
+
+def _unedited(head: str | None, applied: str | None, dirty: list) -> bool:
+    return head == applied and not dirty
+
+
+def export_checked(lock: Lock, overlay: Overlay, dest: Path, *, check: bool) -> ExportResult:
+    """``export_overlay`` of a checkout, refused where the checkout is stale: it has no
+    commit or edit of the user's, and overlay/ changed since it was applied (a pull, a
+    merge), so exporting would only write the older changes back."""
+    from vllm_overlay.overlay.export import export_overlay
+
+    res = export_overlay(lock, overlay, dest, check=True)
+    if res.differs and stale(dest, overlay):
+        shown = [f"  overlay/{p}" for p in [*res.written, *res.removed]]
+        raise StaleCheckoutError(
+            f"{dest} is stale: overlay/ changed since it was applied (a pull or a merge), and "
+            "the checkout holds no commit or edit of yours. Exporting it would write the older "
+            "changes back over:\n" + "\n".join(shown) + "\nRun `vllm-overlay apply` to bring "
+            "the checkout up to date, then edit and export."
+        )
+    return res if check else export_overlay(lock, overlay, dest)
+
+
 def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object]:
     """How a checkout relates to the overlay on disk (for status and edit)."""
     from vllm_overlay.overlay.export import export_overlay
@@ -206,7 +244,7 @@ def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object
         head = rev_parse(repo, "HEAD")
         base = rev_parse(repo, BASE_REF)
         dirty = uncommitted(repo)
-    if dirty or head != applied:
+    if not _unedited(head, applied, dirty):
         state = "edited"  # uncommitted edits or new commits: run export
     else:
         try:
