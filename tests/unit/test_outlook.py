@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from conftest import tree_snapshot
-from synthetic import CONNECTOR
+from synthetic import CONNECTOR, BlobHost
 from vllm_overlay.rebase import decide, releasewalk, sdist, walkdata
 
 
@@ -222,32 +222,6 @@ def test_index_down(cli, project):
     assert "Traceback" not in res.err
 
 
-class _Host:
-    """Releases as dicts of files: the walk on blobs, without sdists or proofs."""
-
-    def __init__(self, releases: dict[str, dict[str, bytes]]) -> None:
-        self.releases = releases
-        self.timings: dict[str, float] = {}
-
-    def files(self, version, paths):
-        return {p: self.releases[version].get(p) for p in paths}
-
-    def names(self, version):
-        return frozenset(self.releases[version])
-
-    def tree(self, version):
-        raise AssertionError("the outlook writes no checkout")
-
-    def prove_drops(self, version, items):
-        pass
-
-    def prove_drop(self, version, change, ours):
-        return None
-
-    def prove_carried(self, version, change, files):
-        return None
-
-
 def test_the_walk_takes_the_series_in_order_on_one_file():
     """Two changes on one file: the second merges onto what the first left on the release;
     after a stop nobody settles (the outlook), the walk goes on and tries it again."""
@@ -263,7 +237,7 @@ def test_the_walk_takes_the_series_in_order_on_one_file():
              decide.Step(ch("b"), {"f.py": one}, {"f.py": two})]  # fmt: skip
     shifted = b"new top\n" + old  # upstream adds a line: both patches need new context
     rewritten = shifted.replace(b"line 5\n", b"line 5 upstream\n")  # the first conflicts
-    host = _Host({"1.0": {"f.py": old}, "2.0": {"f.py": shifted}, "3.0": {"f.py": rewritten},
+    host = BlobHost({"1.0": {"f.py": old}, "2.0": {"f.py": shifted}, "3.0": {"f.py": rewritten},
                   "4.0": {"f.py": shifted}})  # fmt: skip
     blobs = walkdata.Blobs()
     w = walkdata.start("vllm", "1.0", ["2.0", "3.0", "4.0"], steps, blobs)

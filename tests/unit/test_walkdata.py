@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from synthetic import BlobHost
 from vllm_overlay.overlay.model import Change
 from vllm_overlay.rebase import decide, releasewalk
 from vllm_overlay.rebase.walkdata import Blobs, Cell, Walk, person_stops, start
@@ -23,32 +24,6 @@ SHIFTED = b"new top\n" + OLD
 REWRITTEN = SHIFTED.replace(b"line 5\n", b"line 5 upstream\n")
 
 
-class _Host:
-    """Releases as dicts of files: the walk on blobs, without sdists or proofs."""
-
-    def __init__(self) -> None:
-        self.releases = {"1.0": {"f.py": OLD}, "2.0": {"f.py": SHIFTED}, "3.0": {"f.py": REWRITTEN}}
-        self.timings: dict[str, float] = {}
-
-    def files(self, version, paths):
-        return {p: self.releases[version].get(p) for p in paths}
-
-    def names(self, version):
-        return frozenset(self.releases[version])
-
-    def tree(self, version):
-        raise AssertionError("no checkout here")
-
-    def prove_drops(self, version, items):
-        pass
-
-    def prove_drop(self, version, change, ours):
-        return None
-
-    def prove_carried(self, version, change, files, what="record"):
-        return None
-
-
 def _steps() -> list[decide.Step]:
     def ch(cid: str) -> Change:
         return Change(cid, "t", "w", "https://x", "s", "vllm>=9", ("f.py",), ())
@@ -59,7 +34,15 @@ def _steps() -> list[decide.Step]:
 
 def _walker(w: Walk, blobs: Blobs, **kw) -> releasewalk.Walker:
     changes = {s.change.id: s.change for s in _steps()}
-    return releasewalk.Walker(w, blobs, _Host(), changes, {}, report=None, **kw)
+    return releasewalk.Walker(
+        w,
+        blobs,
+        BlobHost({"1.0": {"f.py": OLD}, "2.0": {"f.py": SHIFTED}, "3.0": {"f.py": REWRITTEN}}),
+        changes,
+        {},
+        report=None,
+        **kw,
+    )
 
 
 def test_a_stop_is_a_cell_whose_state_is_what_the_walk_met():
