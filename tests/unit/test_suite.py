@@ -381,6 +381,12 @@ def test_copy_tests_uses_the_tree_pytest_config_or_an_empty_one(tmp_path):
     (tree / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['cpu_test']\n")
     assert sides.copy_tests(tree, tmp_path / "r2") == tmp_path / "r2" / "pyproject.toml"
     assert (tmp_path / "r2" / "tests" / "test_a.py").is_file()
+    assert not (tmp_path / "r2" / "examples").exists()  # a tree without it
+    # what the tests read by path from the tree's root (0.34.0's proxy tests: examples/)
+    (tree / "examples" / "proxy").mkdir(parents=True)
+    (tree / "examples" / "proxy" / "server.py").write_text("PORT = 1\n")
+    sides.copy_tests(tree, tmp_path / "r4")
+    assert (tmp_path / "r4" / "examples" / "proxy" / "server.py").read_text() == "PORT = 1\n"
     with pytest.raises(UsageError, match="no tests/ directory"):
         sides.copy_tests(tmp_path / "r2" / "tests", tmp_path / "r3")
 

@@ -2,8 +2,9 @@
 
 How one side runs (``run_side``), the same for both sides and both modes:
 1. a scratch directory ``<work>/runs/<side>/``, made anew;
-2. ``root/``: a copy of the tree's ``tests/`` and its pytest configuration: the tests run
-   from there, so the tree gets nothing but bytecode in its (ignored) ``__pycache__``;
+2. ``root/``: a copy of the tree's ``tests/``, of what they read by path (``examples/``) and
+   of its pytest configuration: the tests run from there, so the tree gets nothing but
+   bytecode in its (ignored) ``__pycache__``;
 3. the code under test: the tree itself (``tree`` mode), or a wheel installed with
    ``uv pip install --no-deps --target site/`` (pip without uv; ``wheel`` mode, for GPU
    machines); it goes first on PYTHONPATH. This is the only step in which the modes differ;
@@ -33,6 +34,10 @@ HARD_TIMEOUT_GRACE = 60  # the watchdog fires this long after the per-test timeo
 DEFAULT_WORKERS = 2
 RUN_LIMIT = 3 * 3600  # a whole pytest run; only a wedged pytest itself gets near it
 PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+# Directories of the tree that its tests read by path from the root, copied beside tests/
+# (0.34.0's mooncake and MoRIIO proxy tests load their proxy scripts from examples/: 19
+# tests failed on both sides without it, 4 of them marked cpu_test upstream).
+TREE_DATA = ("examples",)
 
 
 # --- environments ------------------------------------------------------------------------
@@ -222,12 +227,15 @@ def run_side(side: Side, env: RunEnv, scratch: Scratch, opts: RunOptions) -> Sid
 
 
 def copy_tests(tree: Path, root: Path) -> Path:
-    """Copy the tree's tests/ and pytest configuration into ``root``; returns the config."""
+    """Copy the tree's tests/, what they read from the tree by path (``TREE_DATA``) and its
+    pytest configuration into ``root``; returns the config."""
     if not (tree / "tests").is_dir():
         raise UsageError(f"{tree} has no tests/ directory: pass the root of a vLLM tree.")
-    shutil.copytree(
-        tree / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-    )
+    for name in ("tests", *TREE_DATA):
+        if (tree / name).is_dir():
+            shutil.copytree(
+                tree / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
     for name in PYTEST_CONFIGS:
         if (tree / name).is_file():
             shutil.copy2(tree / name, root / name)
