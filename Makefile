@@ -122,8 +122,8 @@ test-upstream: $(STAMP)
 
 # CI's part of the suite (.ci/run, .github/workflows/ci.yml): the files of the connector
 # framework and of the hidden-states connector, 16 at 0.34.0 (it deleted
-# test_kv_connector_lifecycle.py, the 17th up to 0.33.0; the whole suite, 3834 tests at
-# 0.34.0, takes ~30 min on 2 cores: the nightly workflow runs it in shards). Without a cached baseline,
+# test_kv_connector_lifecycle.py, the 17th up to 0.33.0; the whole suite, 3832 tests at
+# 0.34.0, takes ~19 min on 2 cores in two shards: the nightly workflow runs it in shards). Without a cached baseline,
 # pristine upstream runs only what did not pass on the patched tree: the same verdict, no
 # "fixed" list (docs/suite.md).
 CI_SUITE_DIR := tests/v1/kv_connector/unit
