@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -40,14 +41,23 @@ def gone(pid: int) -> bool:
     return False
 
 
-def test_a_capture_that_times_out_stops_the_whole_group(monkeypatch):
-    """A timeout stops the child's group as every stop does (SIGINT, then SIGTERM), and the
-    error carries what the child wrote before it."""
+def test_a_stop_goes_past_an_ignored_sigint_and_takes_the_whole_group(monkeypatch):
+    """The stop policy on a family that ignores SIGINT: the child is stopped by a later
+    signal, and the grandchild goes with it. The test waits for the family to be up (the
+    grandchild's pid on the pipe), so no timer decides what it sees."""
     monkeypatch.setattr(process, "GRACE", 0.5)
-    with pytest.raises(CommandError, match="timed out after 2 s") as e:
-        process.run(sys.executable, "-c", FAMILY, timeout=2)
-    assert e.value.returncode == -1 and "on stderr" in e.value.stderr
-    assert gone(int(e.value.stdout.split()[0]))  # the grandchild went with its parent
+    cmd = [sys.executable, "-c", FAMILY]
+    with process.group(cmd, cwd=None, env=None, stdout=subprocess.PIPE) as proc:
+        grandchild = int(proc.stdout.readline())  # printed after both ignore SIGINT
+        how = process.stop(proc)
+    assert how in ("SIGTERM", "SIGKILL")  # SIGINT alone could not stop it
+    assert proc.returncode < 0 and gone(grandchild)
+
+
+def test_a_capture_that_times_out_is_stopped_and_says_so():
+    with pytest.raises(CommandError, match="timed out after 1 s") as e:
+        process.run(sys.executable, "-c", "import time; time.sleep(600)", timeout=1)
+    assert e.value.returncode == -1
 
 
 def test_a_capture_renders_what_failed():
