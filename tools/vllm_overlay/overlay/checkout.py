@@ -219,16 +219,19 @@ def export_checked(lock: Lock, overlay: Overlay, dest: Path, *, check: bool) -> 
     merge), so exporting would only write the older changes back."""
     from vllm_overlay.overlay.export import export_overlay
 
-    res = export_overlay(lock, overlay, dest, check=True)
-    if res.differs and stale(dest, overlay):
-        shown = [f"  overlay/{p}" for p in [*res.written, *res.removed]]
-        raise StaleCheckoutError(
-            f"{dest} is stale: overlay/ changed since it was applied (a pull or a merge), and "
-            "the checkout holds no commit or edit of yours. Exporting it would write the older "
-            "changes back over:\n" + "\n".join(shown) + "\nRun `vllm-overlay apply` to bring "
-            "the checkout up to date, then edit and export."
-        )
-    return res if check else export_overlay(lock, overlay, dest)
+    if stale(dest, overlay):  # cheap (refs, status, a digest): the export runs once
+        res = export_overlay(lock, overlay, dest, check=True)
+        if res.differs:
+            shown = [f"  overlay/{p}" for p in [*res.written, *res.removed]]
+            raise StaleCheckoutError(
+                f"{dest} is stale: overlay/ changed since it was applied (a pull or a merge), "
+                "and the checkout holds no commit or edit of yours. Exporting it would write "
+                "the older changes back over:\n" + "\n".join(shown) + "\nRun `vllm-overlay "
+                "apply` to bring the checkout up to date, then edit and export."
+            )
+        if check:
+            return res
+    return export_overlay(lock, overlay, dest, check=check)
 
 
 def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object]:
