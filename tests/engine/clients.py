@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine import harness, server
+from engine import fulldisk, harness, server
 from engine.sessions import ENGINE_DEFAULTS, LAYERS, prompts
 
 SPECULATORS = "speculators==0.9.0"
@@ -394,17 +394,18 @@ def check(parts: dict[str, dict], engine_env, model: str, where: Path) -> None:
 
 
 def log_errors(log: Path) -> list[str]:
-    """The server log's lines that say the engine failed."""
+    """The server log's lines that say the engine failed (less the full-disk part's failed
+    writes, which that part counts: fulldisk.expected_failure)."""
     marks = ("Traceback", "EngineCore encountered", "EngineDeadError", "ERROR", "KeyError")
     return [ln[:300] for ln in log.read_text(errors="replace").splitlines()
-            if any(m in ln for m in marks)]  # fmt: skip
+            if any(m in ln for m in marks) and not fulldisk.expected_failure(ln)]  # fmt: skip
 
 
 # -- the session --------------------------------------------------------------------------
 
 # name -> (wheel, model, parts). "without" runs its fatal part last.
 SERVER_SESSIONS = {
-    "ours-serve": ("ours", "qwen3next", ("speculators", "probes", "storm")),
+    "ours-serve": ("ours", "qwen3next", ("speculators", "probes", "storm", "full-disk")),
     "without-serve": ("without", "qwen3next", ("speculators", "probes-non-fatal", "storm")),
 }
 # The model runners each server runs on (harness.RUNNERS; see sessions.RUNNERS_OF): our
@@ -447,6 +448,8 @@ def run_server_session(shared: Path, name: str, runner: str, wheels: dict, model
                         out = run_speculators(srv, client, prepared, model, where / part)
                     elif part.startswith("probes"):
                         out = run_probes(srv, where / part, fatal=part == "probes")
+                    elif part == "full-disk":
+                        out = fulldisk.run_full_disk(srv, where / part, **fulldisk.DISK)
                     else:
                         out = run_storm(srv, where / part, **STORM)
                     out["part_seconds"] = round(time.monotonic() - p0, 1)
@@ -469,6 +472,8 @@ def run_server_session(shared: Path, name: str, runner: str, wheels: dict, model
 def summary(name: str, r: dict) -> dict:
     """A server session's figures for the end-of-run table."""
     spec, storm, probes = r.get("speculators", {}), r.get("storm", {}), {}
+    disk = r.get("full-disk", {})
+    first, later = disk.get("outcomes", {}), disk.get("later_outcomes", {})
     for part in ("probes", "probes-non-fatal"):
         probes = r.get(part, probes)
     worst = spec.get("worst") or {}
@@ -488,6 +493,11 @@ def summary(name: str, r: dict) -> dict:
         "storm_aborted": int(storm.get("engine_aborts") or 0),
         "storm_left": len(storm.get("storage_after_reading", [])),
         "storm_seconds": storm.get("seconds", 0),
+        "disk_requests": disk.get("requests", 0) + len(disk.get("later", [])),
+        "disk_failed": first.get("missing", 0) + later.get("missing", 0),
+        "disk_torn": first.get("torn", 0) + later.get("torn", 0),
+        "disk_left": len(disk.get("storage_left", [])),
+        "disk_right_after": f"{later.get('whole', 0)}/{len(disk.get('later', []))}",
         "alive": "yes" if r.get("healthy_at_end") else "no",
         "seconds": r.get("seconds", 0),
     }

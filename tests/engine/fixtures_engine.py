@@ -250,8 +250,9 @@ def _server_table(tr, path: Path) -> None:
     tr.write_line(
         f"{'session':15} {'start s':>7}  {'speculators files':>17} {'right rows':>11} "
         f"{'max err':>7}  {'escaped':>7}  {'storm: requests':>15} {'gone':>4} {'done':>4} "
-        f"{'checked':>7} {'aborted':>7} {'files left':>10} {'storm s':>7} {'alive':>5} "
-        f"{'run s':>6}"
+        f"{'checked':>7} {'aborted':>7} {'files left':>10} {'storm s':>7}  "
+        f"{'full disk: requests':>19} {'failed':>6} {'torn':>4} {'left':>4} {'right after':>11} "
+        f"{'alive':>5} {'run s':>6}"
     )
     for f in rows:
         d = json.loads(f.read_text())
@@ -260,7 +261,9 @@ def _server_table(tr, path: Path) -> None:
             f"{d['spec_right']:>11} {d['spec_err']:>7}  {d['escaped']:>7}  "
             f"{d['storm_requests']:>15} {d['storm_disconnected']:>4} {d['storm_completed']:>4} "
             f"{d['storm_verified']:>7} {d['storm_aborted']:>7} {d['storm_left']:>10} "
-            f"{d['storm_seconds']:7.1f} {d['alive']:>5} {d['seconds']:6.0f}"
+            f"{d['storm_seconds']:7.1f}  {d.get('disk_requests', 0):>19} "
+            f"{d.get('disk_failed', 0):>6} {d.get('disk_torn', 0):>4} {d.get('disk_left', 0):>4} "
+            f"{d.get('disk_right_after', '-'):>11} {d['alive']:>5} {d['seconds']:6.0f}"
         )
 
 

@@ -10,9 +10,10 @@ The two wheels, both built by the tool's own build (repack of the official ``vll
 wheel, every verify check):
 
 - ``ours``: the whole series, what we ship;
-- ``without``: the series without our hidden-state changes (``HIDDEN_STATE_CHANGES``: our two
-  for the connector's clients; upstream 0.32.0 has the four fixes we carried on 0.24.0; the
-  CPU enablers stay, without them nothing runs on the CPU),
+- ``without``: the series without our hidden-state changes (``HIDDEN_STATE_CHANGES``: ours
+  for the connector's clients, its bounded staging and its whole files; upstream has the
+  four fixes we carried on 0.24.0; the CPU enablers stay, without them nothing runs on the
+  CPU),
   from a copy of the project whose overlay lacks them: the proof that the changes matter.
 """
 
@@ -46,6 +47,8 @@ VARIANT = VARIANTS["cpu"]
 HIDDEN_STATE_CHANGES = (
     "hidden-states-connector-aborted-leave-no-files",
     "hidden-states-connector-confined-paths",
+    "hidden-states-connector-bounded-staging",
+    "hidden-states-connector-atomic-files",
 )
 # The relative L2 error a bf16 row may have against the float32 reference (the worst seen:
 # 0.0134, hybrid with tensor parallelism; dense 0.0082).
@@ -345,6 +348,8 @@ class Session:
     runner: str = "v1"
     ran: dict | None = None  # the model runner's and proposer's classes (VO_RAN_FILE)
     expected_ran: dict | None = None  # what ``runner`` must show (RAN)
+    # the connector's gathers out of the KV cache, as the probe counted them (VO_GATHER_FILE)
+    gathers: dict | None = None
 
     def case(self, name: str) -> dict:
         assert name in self.result["cases"], (
@@ -381,7 +386,8 @@ def run_session(
             }
             (where / "spec.json").write_text(json.dumps(full, indent=2))
             env = wheel.env.environ(where / "work")
-            env.update({"VO_PROBE_DIR": full["probe"], "VO_RAN_FILE": str(where / "ran.json")})
+            env.update({"VO_PROBE_DIR": full["probe"], "VO_RAN_FILE": str(where / "ran.json"),
+                        "VO_GATHER_FILE": str(where / "gathers.json")})  # fmt: skip
             env.update(env_vars or {})
             started = time.monotonic()
             with open(where / "engine.log", "w") as log:
@@ -404,11 +410,12 @@ def run_session(
         runner=wheel.runner,
         ran=read_ran(where / "ran.json"),
         expected_ran=wheel.env.ran,
+        gathers=read_ran(where / "gathers.json"),
     )
 
 
 def read_ran(path: Path) -> dict | None:
-    """What the probe wrote to VO_RAN_FILE (None when no proposal ran)."""
+    """What the probe wrote to VO_RAN_FILE or VO_GATHER_FILE (None when it wrote nothing)."""
     return json.loads(path.read_text()) if path.is_file() else None
 
 

@@ -39,6 +39,12 @@ COLLECTOR = prompts(3, 21, 50)
 # Greedy decoding of 16 tokens: what the engine generates with extraction on (vllm#56417 and
 # #56442: the proposer reads only column 0 of sampled_token_ids, so output tokens repeat).
 DECODE = prompts(9, 17, 40)
+# One request of many staging chunks: at a cap of 64 KiB, 42 rows of the tiny models' three
+# 256-wide bf16 layers a chunk (1,536 bytes a row), 196 chunks, every block boundary among
+# them (the staging session: hidden-states-connector-bounded-staging).
+(STAGED,) = prompts(10, 8200)
+STAGING_CAP = 64 * 1024
+STAGING_ROW_BYTES = len(LAYERS) * 256 * 2
 ABORT = {
     "long": prompts(4, 300)[0],
     "short": prompts(5, 20)[0],
@@ -53,12 +59,15 @@ CASES = {
     "collector": {"kind": "generate", "prompts": COLLECTOR, "collector": True},
     "abort": {"kind": "abort", **ABORT},
     "decode": {"kind": "generate", "prompts": DECODE, "max_tokens": 16},
+    "staged": {"kind": "generate", "prompts": [STAGED]},
 }
 
 
 def cases(*names: str) -> list[dict]:
     return [{"name": n, **CASES[n]} for n in names]
 
+
+STAGING_ENGINE = {"max_model_len": 8448, "max_num_batched_tokens": 2048}
 
 # name -> (wheel, model, engine settings, cases, extra environment)
 SESSIONS = {
@@ -74,6 +83,9 @@ SESSIONS = {
     # hs-connectors' FP8 connector (speculators' fp8 backend), loaded by module path.
     "ours-hybrid-hs-connectors": ("ours", "qwen3next", {"enable_prefix_caching": False},
                                   cases("batch", "long"), {}),
+    # A request of 8,200 tokens (2,048 a step) copied out at a 64 KiB staging cap.
+    "ours-dense-staging": ("ours", "llama", STAGING_ENGINE, cases("staged"), {}),
+    "without-dense-staging": ("without", "llama", STAGING_ENGINE, cases("staged"), {}),
     "without-hybrid": ("without", "qwen3next", {"enable_prefix_caching": False},
                        cases("batch", "long", "abort", "decode"), {}),
     "without-hybrid-prefix-caching": ("without", "qwen3next", {"enable_prefix_caching": True},
@@ -94,6 +106,8 @@ RUNNERS_OF = {
     "ours-hybrid-hs-connectors": ("v2",),
     "without-hybrid": ("v2", "v1"),
     "without-hybrid-prefix-caching": ("v2",),
+    "ours-dense-staging": ("v2",),
+    "without-dense-staging": ("v2",),
 }
 
 # What a session's spec holds beyond the common one (see fixtures_engine.engine_session).
@@ -106,6 +120,8 @@ SPEC_EXTRA = {
         },
         "tolerance": FP8_TOLERANCE,
     },
+    "ours-dense-staging": {"extra_config": {"max_device_staging_bytes": STAGING_CAP}},
+    "without-dense-staging": {"extra_config": {"max_device_staging_bytes": STAGING_CAP}},
 }
 
 

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import pytest
 from engine.checks import assert_generated, assert_ran, assert_right
-from engine.sessions import BATCH, LONG, RUNNERS_OF
+from engine.sessions import (
+    BATCH,
+    LONG,
+    RUNNERS_OF,
+    STAGED,
+    STAGING_CAP,
+    STAGING_ROW_BYTES,
+)
 
 
 def on(name: str):
@@ -111,3 +118,22 @@ def test_hybrid_verifier_with_tensor_parallelism(engine_session, runner, case):
     s = engine_session("ours-hybrid-tp2", runner)
     assert s.result["start_error"] is None, s.result["start_error"]
     assert_right(s, case)
+
+
+@on("ours-dense-staging")
+def test_a_long_request_is_copied_out_within_the_staging_cap(engine_session, runner):
+    """vllm#49310: the connector gathered all of a finished request's rows into one device
+    tensor (3.5 GiB for 64k tokens of a real verifier). At a 64 KiB cap, 8,200 tokens are
+    copied out 42 rows at a time, as the probe counted the gathers in the worker, and every
+    row is right across every chunk boundary (hidden-states-connector-bounded-staging)."""
+    s = engine_session("ours-dense-staging", runner)
+    assert_right(s, "staged")
+    rows_at_once = STAGING_CAP // STAGING_ROW_BYTES
+    assert s.gathers == {
+        "gathers": -(-len(STAGED) // rows_at_once),
+        "rows": len(STAGED),
+        "bytes": len(STAGED) * STAGING_ROW_BYTES,
+        "max_rows": rows_at_once,
+        "max_bytes": rows_at_once * STAGING_ROW_BYTES,
+    }, s.gathers
+    assert s.gathers["max_bytes"] <= STAGING_CAP

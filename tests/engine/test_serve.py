@@ -14,6 +14,7 @@ import pytest
 from engine import harness
 from engine.checks import assert_layers_right, assert_right
 from engine.clients import SERVER_RUNNERS, SPECULATORS_ROWS, STORM
+from engine.fulldisk import DISK
 from engine.sessions import FP8_TOLERANCE, RUNNERS_OF
 
 serve_on = pytest.mark.parametrize("runner", SERVER_RUNNERS["ours-serve"])
@@ -123,6 +124,38 @@ def test_aborts_under_load_leave_a_working_server_and_no_files(server_session, r
     assert storm["kv_cache_freed"], f"KV cache usage stayed at {storm['kv_cache_usage']}"
     assert r["healthy_at_end"]
     assert r["log_errors"] == [], r["log_errors"][:20]
+
+
+@serve_on
+def test_a_full_disk_fails_writes_cleanly_and_the_server_goes_on(server_session, runner):
+    """hidden-states-connector-atomic-files, on a tmpfs the test mounts over the storage
+    directory (fulldisk.py): every write that meets the full disk fails whole, logged with
+    its request's id; no client ever reads a torn file; nothing is left behind; the server
+    goes on, and once space returns every request is saved whole and right."""
+    r = server_session("ours-serve", runner)
+    disk = r["full-disk"]
+    assert disk["mount_error"] is None, disk["mount_error"]
+    assert disk["storage_before"] == [], disk["storage_before"]
+    assert disk["all_written"], disk["clients"]
+    fits = DISK["size"] // disk["file_bytes"]
+    assert [c["status"] for c in disk["clients"] + disk["later"]] == [200] * (
+        DISK["requests"] + DISK["after"]
+    )
+    outcomes = disk["outcomes"]
+    assert outcomes["torn"] == 0, disk["clients"]
+    # The premise: the disk filled, by construction (no file was removed while others were
+    # written), so at most `fits` writes found room.
+    assert outcomes["whole"] <= fits and outcomes["missing"] >= DISK["requests"] - fits, outcomes
+    assert outcomes["whole"] + outcomes["missing"] == DISK["requests"], outcomes
+    missing = sorted(c["name"] for c in disk["clients"] if c["outcome"] == "missing")
+    assert disk["failures_logged"] == missing
+    assert disk["later_outcomes"] == {"whole": DISK["after"], "missing": 0, "torn": 0}
+    assert disk["storage_left"] == [], disk["storage_left"]
+    assert disk["healthy_after"]
+    assert disk["wrong_files"] == [] and len(disk["checks"]) == len(disk["files"])
+    assert len(disk["files"]) == outcomes["whole"] + DISK["after"]
+    for name, checks in disk["checks"].items():
+        assert_layers_right(checks, f"full-disk file {name}")
 
 
 @pytest.mark.parametrize("runner", RUNNERS_OF["ours-hybrid-hs-connectors"])

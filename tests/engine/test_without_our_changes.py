@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 from engine.checks import assert_generated, assert_layers_right, assert_right
 from engine.clients import SERVER_RUNNERS, SPECULATORS_ROWS
-from engine.sessions import RUNNERS_OF
+from engine.sessions import RUNNERS_OF, STAGED, STAGING_CAP, STAGING_ROW_BYTES
 
 
 def on(name: str):
@@ -78,6 +78,19 @@ def test_an_aborted_waiting_request_leaves_the_engine_working(engine_session, ru
     assert s.result["died"] is None, s.result["died"]
     assert "KeyError" not in s.log
     assert_right(s, "abort")
+
+
+@on("without-dense-staging")
+def test_a_long_request_is_gathered_at_once_without_our_changes(engine_session, runner):
+    """vllm#49310 on 0.34.0: the connector ignores max_device_staging_bytes and gathers all of
+    the 8,200-token request's rows in one tensor (on a GPU, one device allocation of its
+    whole size), as the probe counted it in the worker. The file is right all the same."""
+    s = engine_session("without-dense-staging", runner)
+    assert_right(s, "staged")
+    whole = len(STAGED) * STAGING_ROW_BYTES
+    assert s.gathers == {"gathers": 1, "rows": len(STAGED), "bytes": whole,
+                         "max_rows": len(STAGED), "max_bytes": whole}, s.gathers  # fmt: skip
+    assert s.gathers["max_bytes"] > STAGING_CAP
 
 
 # -- vllm serve and its clients (clients.py) ------------------------------------------------

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -76,14 +77,21 @@ def build_python() -> str:
     env = cache / "test-buildenv" / key
     python = env / "bin" / "python"
     if not python.exists():
-        tmp = env.with_name(env.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True)
-        subprocess.run(
-            [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", *BUILD_REQUIREMENTS],
-            check=True,
-        )
-        tmp.rename(env)
+        # A directory of this process's own: another run sharing the cache (a second
+        # checkout's tests) may build the same environment at the same time; the first
+        # rename wins, the other's copy is removed.
+        env.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{key}.", suffix=".tmp", dir=env.parent))
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True)
+            subprocess.run(
+                [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", *BUILD_REQUIREMENTS],
+                check=True,
+            )
+            if not python.exists():
+                tmp.rename(env)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return str(python)
 
 

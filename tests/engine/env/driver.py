@@ -129,7 +129,10 @@ def engine_kwargs(spec: dict) -> dict:
         "kv_transfer_config": {
             "kv_connector": "ExampleHiddenStatesConnector",
             "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": spec["storage"]},
+            "kv_connector_extra_config": {
+                "shared_storage_path": spec["storage"],
+                **spec.get("extra_config", {}),
+            },
             **spec.get("connector", {}),
         },
     }

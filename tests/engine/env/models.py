@@ -31,7 +31,7 @@ COMMON = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 64,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 16384,  # room for the staging session's long request
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
 }

@@ -25,6 +25,11 @@ Runner V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and its CPU subcla
 only where vLLM found Triton, which V2 needs). The first proposal with a request in it also
 writes ``VO_RAN_FILE`` (when set, with or without ``VO_PROBE_DIR``): the classes of the model
 runner and of the proposer that ran, read from the worker's objects, not from a setting.
+
+With ``VO_GATHER_FILE`` set, every call the worker's ExampleHiddenStatesConnector makes to
+``extract_from_kv_cache`` (the module's function, looked up at each call, on every wheel) is
+counted, and the file says how many rows and bytes the calls gathered, and the most at once:
+``{"gathers", "rows", "bytes", "max_rows", "max_bytes"}``, rewritten after each call.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ _ran: dict = {"written": False, "file": None}  # VO_RAN_FILE, written once per p
 def register() -> None:
     if os.environ.get("VO_PAUSE_ON"):
         _pause_on(os.environ["VO_PAUSE_ON"], os.environ["VO_PAUSE_FILE"])
+    if os.environ.get("VO_GATHER_FILE"):
+        _record_gathers(os.environ["VO_GATHER_FILE"])
     out = os.environ.get("VO_PROBE_DIR")
     _ran["file"] = os.environ.get("VO_RAN_FILE")
     if not (out or _ran["file"]):
@@ -131,6 +138,37 @@ def _probe_v2(out: str) -> None:
     _within(GPUModelRunner, "sample_tokens")
     ExtractHiddenStatesSpeculator.propose = probed_propose
     ExtractHiddenStatesSpeculator._vo_probe = True
+
+
+def _record_gathers(path: str) -> None:
+    import json
+
+    from vllm.distributed.kv_transfer.kv_connector.v1 import (
+        example_hidden_states_connector as connector,
+    )
+
+    if getattr(connector, "_vo_gathers", None) is not None:
+        return
+    extract = connector.extract_from_kv_cache
+    seen = connector._vo_gathers = {"gathers": 0, "rows": 0, "bytes": 0, "max_rows": 0,
+                                    "max_bytes": 0}  # fmt: skip
+    lock = threading.Lock()
+
+    def recorded(kv_cache, slot_mapping, num_tokens):
+        rows = extract(kv_cache, slot_mapping, num_tokens)
+        with lock:
+            seen["gathers"] += 1
+            seen["rows"] += rows.shape[0]
+            seen["bytes"] += rows.nbytes
+            seen["max_rows"] = max(seen["max_rows"], rows.shape[0])
+            seen["max_bytes"] = max(seen["max_bytes"], rows.nbytes)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(seen, f)
+            os.replace(tmp, path)
+        return rows
+
+    connector.extract_from_kv_cache = recorded
 
 
 def _pause_on(stem: str, path: str) -> None:
