@@ -5,14 +5,17 @@ The engine bench (bench_engine.py) compares whole engines; their tokens/s vary b
 one engine to the next on this machine, so it cannot tell a change that costs 2%. This bench
 measures the connector itself. vLLM is imported once, from the pristine tree of the pin (in
 the CPU test environment, ``vllm-overlay testenv``); the connector module
-(``example_hidden_states_connector.py``) is loaded three times under distinct module names,
+(``example_hidden_states_connector.py``) is loaded four times under distinct module names,
 as the series leaves it:
 
-- ``without``: after ``hidden-states-connector-cpu-cache`` (the series without our two
+- ``without``: after ``hidden-states-connector-cpu-cache`` (the series without our
   changes for the connector's clients, as bench_engine's "without" wheel; the CPU cache
   change is what lets the connector copy from host memory at all);
 - ``+aborted``: plus ``hidden-states-connector-aborted-leave-no-files``;
-- ``ours``: plus ``hidden-states-connector-confined-paths`` (the whole series).
+- ``+confined``: plus ``hidden-states-connector-confined-paths``;
+- ``ours``: the whole series (plus ``hidden-states-connector-bounded-staging``, the copy
+  out in chunks, and ``hidden-states-connector-atomic-files``, the write under a temporary
+  name renamed into place).
 
 Each side has a scheduler-role and a worker-role connector (TP rank 0 of a real one-process
 gloo group), built as the engine builds them, and is driven through the calls the scheduler
@@ -60,7 +63,8 @@ CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_
 SIDES = (
     ("without", "hidden-states-connector-cpu-cache"),
     ("+aborted", "hidden-states-connector-aborted-leave-no-files"),
-    ("ours", "hidden-states-connector-confined-paths"),
+    ("+confined", "hidden-states-connector-confined-paths"),
+    ("ours", "hidden-states-connector-atomic-files"),
 )
 OPS = ("path", "schedule", "lock", "finish", "save", "abort", "discard")
 FINISHED_PATH = ("schedule", "lock", "finish", "save")
@@ -136,10 +140,12 @@ def _parent(args: argparse.Namespace) -> int:
             content[pc.change.id] = pc.files[CONNECTOR]
     order = [c.id for c in overlay.changes if CONNECTOR in c.files]
     wanted = [change for _, change in SIDES]
-    if order[-len(wanted) :] != wanted:
+    at = [order.index(c) if c in order else -1 for c in wanted]
+    if -1 in at or at != sorted(at) or wanted[-1] != order[-1]:
         raise SystemExit(
-            f"bench_connector: expected the series to change {CONNECTOR} last with "
-            f"{', '.join(wanted)}; it does with {', '.join(order)}. Update SIDES."
+            f"bench_connector: expected the series to change {CONNECTOR} with "
+            f"{', '.join(wanted)}, in that order, the last last; it does with "
+            f"{', '.join(order)}. Update SIDES."
         )
     sides = {}
     for side, change in SIDES:

@@ -130,12 +130,13 @@ def run_full_disk(srv: server.Server, where: Path, *, size: int, requests: int, 
             if c["path"]:
                 _read(c, saved)
         out["healthy_after"] = srv.healthy()
-        # Space has returned: what the clients read, they removed.
-        later = [_send(srv, f"disk-after-{i}", p)
-                 for i, p in enumerate(prompts(32, *[tokens] * after))]  # fmt: skip
-        for c in later:
-            if c["path"]:
-                _read(c, saved)
+        # Space has returned: what the clients read, they removed. One request at a time,
+        # each read (and removed) before the next is sent.
+        later = []
+        for i, p in enumerate(prompts(32, *[tokens] * after)):
+            later.append(_send(srv, f"disk-after-{i}", p))
+            if later[-1]["path"]:
+                _read(later[-1], saved)
         out["storage_left"] = server.everything_under(storage)
     finally:
         subprocess.run(["umount", "-l", str(storage)], capture_output=True, check=False)
