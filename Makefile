@@ -23,7 +23,7 @@ MAX_JOBS ?= 2
 
 .PHONY: help venv system-deps build-wheel build-cpu-source build-cpu-test test test-unit test-engine test-engine-cpu-source test-upstream test-upstream-ci test-releases \
         lint apply fetch edit export check-overlay status publish rebase outlook upstream track bench bench-engine bench-engine-cpu-source \
-        bench-connector \
+        bench-connector bench-cache-billing \
         bench-coldstart clean
 
 help:
@@ -49,6 +49,7 @@ help:
 	@echo "make bench-engine [BENCH_ARGS=--runner v2]  engine start and extraction tokens/s: ours against the wheel without our changes"
 	@echo "make bench-engine-cpu-source  the same figures: our vllm-cpu compiled from the sdist against our repack of the official wheel"
 	@echo "make bench-connector the connector's per-request cost, ours against without our changes, in one process"
+	@echo "make bench-cache-billing  tokens vLLM's KV cache planner gives with hidden-state extraction, against the layers' own pages (vllm#56774)"
 	@echo "make bench-coldstart [BENCH_ARGS=--phases=…]  cold start on a fresh clone: pip vs uv"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -203,6 +204,11 @@ bench-engine-cpu-source: $(STAMP)
 # The connector's own per-request cost, three versions of it in one process (see --help).
 bench-connector: $(STAMP)
 	$(VENV)/bin/python bench/bench_connector.py $(BENCH_ARGS)
+
+# vLLM's own KV cache planner on the layer layouts of Qwen3.6-35B-A3B and the engine tests'
+# tiny models, with and without hidden-state extraction (see --help; no model is loaded).
+bench-cache-billing: $(STAMP)
+	$(VENV)/bin/python bench/bench_cache_billing.py $(BENCH_ARGS)
 
 # Fresh clone, empty caches, pip beside uv; minutes per phase (see --help for --phases).
 bench-coldstart: $(STAMP)
