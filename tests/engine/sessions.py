@@ -7,6 +7,7 @@ harness.py and env/driver.py).
 from __future__ import annotations
 
 import random
+import re
 
 from engine import harness
 
@@ -86,6 +87,11 @@ SESSIONS = {
     # A request of 8,200 tokens (2,048 a step) copied out at a 64 KiB staging cap.
     "ours-dense-staging": ("ours", "llama", STAGING_ENGINE, cases("staged"), {}),
     "without-dense-staging": ("without", "llama", STAGING_ENGINE, cases("staged"), {}),
+    # Two layers a KV cache group: the hidden-state group billed at its own page.
+    "ours-hybrid-wide": ("ours", "qwen3next-wide", {"enable_prefix_caching": False},
+                         cases("batch", "long"), {}),
+    "without-hybrid-wide": ("without", "qwen3next-wide", {"enable_prefix_caching": False},
+                            cases("batch", "long"), {}),
     "without-hybrid": ("without", "qwen3next", {"enable_prefix_caching": False},
                        cases("batch", "long", "abort", "decode"), {}),
     "without-hybrid-prefix-caching": ("without", "qwen3next", {"enable_prefix_caching": True},
@@ -108,6 +114,8 @@ RUNNERS_OF = {
     "without-hybrid-prefix-caching": ("v2",),
     "ours-dense-staging": ("v2",),
     "without-dense-staging": ("v2",),
+    "ours-hybrid-wide": ("v2",),
+    "without-hybrid-wide": ("v2",),
 }
 
 # What a session's spec holds beyond the common one (see fixtures_engine.engine_session).
@@ -155,6 +163,24 @@ def summary(s: harness.Session) -> dict:
         "proposer_compared": sum(p["rows_compared"] for p in proposer),
         "seconds": s.seconds,
     }
+
+
+_CAPACITY = re.compile(
+    r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
+    r"([\d.]+)x"
+)
+
+
+def capacity(log: str) -> dict | None:
+    """What the engine's planner said its KV cache holds (its start-up log line): tokens,
+    and how many requests of max_model_len tokens at once."""
+    m = _CAPACITY.search(log)
+    if m is None:
+        return None
+    tokens, per_request, concurrency = m.groups()
+    return {"tokens": int(tokens.replace(",", "")),
+            "request_tokens": int(per_request.replace(",", "")),
+            "concurrency": float(concurrency)}  # fmt: skip
 
 
 def short_ran(ran: dict | None) -> str:

@@ -19,6 +19,7 @@ from engine.sessions import (
     STAGED,
     STAGING_CAP,
     STAGING_ROW_BYTES,
+    capacity,
 )
 
 
@@ -137,3 +138,24 @@ def test_a_long_request_is_copied_out_within_the_staging_cap(engine_session, run
         "max_bytes": rows_at_once * STAGING_ROW_BYTES,
     }, s.gathers
     assert s.gathers["max_bytes"] <= STAGING_CAP
+
+
+@on("ours-hybrid-wide")
+@pytest.mark.parametrize("case", ["batch", "long"])
+def test_a_hybrid_of_several_layers_a_group_extracts_right(engine_session, runner, case):
+    """vllm#56774: with two layers a KV cache group, the one-layer hidden-state group was
+    billed two pages a block id. hidden-state-cache-billed-at-its-own-page gives every group
+    one layer: the rows stay right, and the same 128 MiB holds more (against the wheel
+    without our changes, whose planner bills it so: test_without_our_changes)."""
+    s = engine_session("ours-hybrid-wide", runner)
+    assert s.result["start_error"] is None, s.result["start_error"]
+    assert_right(s, case)
+
+
+@on("ours-hybrid-wide")
+def test_the_hidden_state_cache_is_billed_at_its_own_page(engine_session, runner):
+    ours = capacity(engine_session("ours-hybrid-wide", runner).log)
+    without = capacity(engine_session("without-hybrid-wide", runner).log)
+    assert ours and without, (ours, without)
+    assert ours["request_tokens"] == without["request_tokens"] == 1024
+    assert ours["concurrency"] > without["concurrency"], (ours, without)

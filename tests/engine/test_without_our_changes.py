@@ -147,3 +147,12 @@ def test_aborts_under_load_leave_files_behind(server_session, runner):
     assert not any("KeyError" in line for line in r["log_errors"]), r["log_errors"][:20]
     left = storm["storage_after_reading"]
     assert left, storm
+
+
+@on("without-hybrid-wide")
+@pytest.mark.parametrize("case", ["batch", "long"])
+def test_a_hybrid_of_several_layers_a_group_extracts_right_without_our_changes(
+    engine_session, runner, case
+):
+    """vllm#56774 costs memory, not rows: billed two pages a block id, the rows are right."""
+    assert_right(engine_session("without-hybrid-wide", runner), case)

@@ -10,7 +10,10 @@ tokenizer from the model directory.
 - ``qwen3next``: a hybrid Qwen3-Next, 3 gated-delta-net layers then 1 full-attention layer,
   hidden 256. Qwen3NextForCausalLM needs at least one MoE layer: the last one has 2 experts,
   both routed to every token, so no routing decision can flip between vLLM's kernels and
-  Transformers' (a flip moves a row by ~20% and says nothing about extraction).
+  Transformers' (a flip moves a row by ~20% and says nothing about extraction);
+- ``qwen3next-wide``: the same pattern twice (8 layers), so that vLLM's planner puts two
+  layers in each KV cache group, as a real hybrid has several (hidden-state-cache-billed-at-
+  its-own-page: the hidden-state group was billed at that width).
 """
 
 from __future__ import annotations
@@ -37,9 +40,17 @@ COMMON = {
 }
 MODELS = {
     "llama": lambda: LlamaConfig(**COMMON),
-    "qwen3next": lambda: Qwen3NextConfig(
-        **COMMON,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
+    "qwen3next": lambda: _qwen3next(4),
+    "qwen3next-wide": lambda: _qwen3next(8),
+}
+
+
+def _qwen3next(layers: int) -> Qwen3NextConfig:
+    """3 gated-delta-net layers to 1 full-attention layer; the last layer is the one MoE
+    layer (2 experts, both routed to every token)."""
+    return Qwen3NextConfig(
+        **{**COMMON, "num_hidden_layers": layers},
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
         linear_num_key_heads=2,
         linear_num_value_heads=4,
         linear_key_head_dim=64,
@@ -48,9 +59,8 @@ MODELS = {
         num_experts_per_tok=2,
         moe_intermediate_size=128,
         shared_expert_intermediate_size=128,
-        mlp_only_layers=[0, 1, 2],
-    ),
-}
+        mlp_only_layers=list(range(layers - 1)),
+    )
 
 
 def tokenizer(vocab_size: int):
