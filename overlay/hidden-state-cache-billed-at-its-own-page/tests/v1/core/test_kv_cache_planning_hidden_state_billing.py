@@ -9,8 +9,14 @@ block ids, and each cost W pages: the hidden states were billed W times over (10
 Qwen3.5/3.6-35B-A3B, whose cache then held 4.7x fewer tokens; the report behind #56774
 needed 129.6 GiB where 5.4 GiB sufficed, and the engine refused to start). With a
 hidden-state group, every group now has one layer, and a block id is one page.
+
+Running on an unpatched tree: set ``VLLM_OVERLAY_TREE=pristine``; the tests that
+need the fix are then ``xfail(strict=True)``.
 """
 
+import os
+
+import pytest
 import torch
 
 from vllm.config import ModelConfig, VllmConfig
@@ -24,8 +30,21 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
 )
 
+_TREE = os.environ.get("VLLM_OVERLAY_TREE", "patched")
+if _TREE not in ("patched", "pristine"):
+    raise ValueError(
+        f"VLLM_OVERLAY_TREE={_TREE!r}: expected 'patched' (the default) or 'pristine'"
+    )
+
+needs_fix = pytest.mark.xfail(
+    _TREE == "pristine",
+    reason="needs the hidden-state group billed at its own page",
+    strict=True,
+)
+
+
 BLOCK_SIZE = 64
-# A page of 64 x 2 x (128 + 128) x 2 bytes = 65,536 for attention and the Mamba state alike.
+# A page of 64 x 2 x (128 + 128) x 2 = 65,536 bytes, attention and Mamba state alike.
 PAGE = BLOCK_SIZE * 2 * 256 * 2
 
 
@@ -55,7 +74,9 @@ def _specs(hidden: bool) -> dict:
 
 
 def _config(specs: dict, memory: int):
-    vllm_config = VllmConfig(model_config=ModelConfig(model="facebook/opt-125m", max_model_len=1024))
+    vllm_config = VllmConfig(
+        model_config=ModelConfig(model="facebook/opt-125m", max_model_len=1024)
+    )
     vllm_config.cache_config.kv_cache_layout = "LBNHC"
     vllm_config.cache_config.enable_prefix_caching = True
     groups = get_global_kv_cache_groups(vllm_config, [specs])
@@ -70,6 +91,7 @@ def test_the_target_layers_are_grouped_several_to_a_group_without_extraction():
     assert config.num_blocks == 1024 // 2
 
 
+@needs_fix
 def test_every_block_id_is_one_page_with_a_hidden_state_group():
     memory = 1024 * PAGE
     config = _config(_specs(hidden=True), memory)

@@ -10,11 +10,15 @@ connector now writes a hidden temporary in the same directory and renames it int
 place before it releases the lock. The test runs the connector's real path on a KV
 cache in host memory (vLLM's CPU backend), with subclasses whose _write_tensors fails
 part way, as a full disk makes it, or looks at the directory while it writes.
+
+Running on an unpatched tree: set ``VLLM_OVERLAY_TREE=pristine``; the tests that
+need the fix are then ``xfail(strict=True)``.
 """
 
 import errno
 import os
 
+import pytest
 import torch
 
 from tests.v1.kv_connector.unit.utils import create_request
@@ -44,6 +48,19 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
 )
+
+_TREE = os.environ.get("VLLM_OVERLAY_TREE", "patched")
+if _TREE not in ("patched", "pristine"):
+    raise ValueError(
+        f"VLLM_OVERLAY_TREE={_TREE!r}: expected 'patched' (the default) or 'pristine'"
+    )
+
+needs_fix = pytest.mark.xfail(
+    _TREE == "pristine",
+    reason="needs the connector's write under a temporary name renamed into place",
+    strict=True,
+)
+
 
 BLOCK_SIZE, NUM_BLOCKS, NUM_AUX, HIDDEN_SIZE = 16, 8, 3, 64
 HIDDEN_LAYER = "model.cache_only_layers.12"
@@ -147,6 +164,7 @@ def _save(connector_cls, storage, monkeypatch, num_tokens=20, blocks=(3, 5)):
     return params["hidden_states_path"]
 
 
+@needs_fix
 def test_a_write_that_fails_part_way_leaves_no_file(tmp_path, monkeypatch, caplog):
     path = _save(_DiskFillsUp, tmp_path, monkeypatch)
     # The client wakes (the lock is released) and finds no file, never a torn one;
@@ -161,6 +179,7 @@ def test_a_write_that_fails_part_way_leaves_no_file(tmp_path, monkeypatch, caplo
     assert os.path.basename(path).removesuffix(".safetensors") in caplog.text
 
 
+@needs_fix
 def test_the_file_appears_whole_under_its_name(tmp_path, monkeypatch):
     _LooksWhileWriting.seen = []
     path = _save(_LooksWhileWriting, tmp_path, monkeypatch)

@@ -8,7 +8,12 @@ gathered all of a request's rows into one tensor before copying it to the host: 
 moment the request finished, which failed with "Tried to allocate 2.63 GiB" at 49k
 tokens and took the engine down. The test runs the connector's real copy path on a KV
 cache in host memory (vLLM's CPU backend) and records every gather it makes.
+
+Running on an unpatched tree: set ``VLLM_OVERLAY_TREE=pristine``; the tests that
+need the fix are then ``xfail(strict=True)``.
 """
+
+import os
 
 import pytest
 import torch
@@ -40,6 +45,19 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
 )
+
+_TREE = os.environ.get("VLLM_OVERLAY_TREE", "patched")
+if _TREE not in ("patched", "pristine"):
+    raise ValueError(
+        f"VLLM_OVERLAY_TREE={_TREE!r}: expected 'patched' (the default) or 'pristine'"
+    )
+
+needs_fix = pytest.mark.xfail(
+    _TREE == "pristine",
+    reason="needs the connector's chunked copy out of a KV cache in host memory",
+    strict=True,
+)
+
 
 BLOCK_SIZE, NUM_BLOCKS, NUM_AUX, HIDDEN_SIZE = 16, 32, 3, 64
 HIDDEN_LAYER = "model.cache_only_layers.12"
@@ -129,7 +147,10 @@ def _save(tmp_path, monkeypatch, num_tokens, blocks, **extra_config):
 
     expected = torch.randn(num_tokens, NUM_AUX, HIDDEN_SIZE, dtype=DTYPE) + 3.0
     slots = torch.tensor(
-        [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(num_tokens)]
+        [
+            blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+            for p in range(num_tokens)
+        ]
     )
     basic_cache(expected, view, slots)
 
@@ -145,6 +166,7 @@ def _save(tmp_path, monkeypatch, num_tokens, blocks, **extra_config):
     return saved["hidden_states"], expected, gathered
 
 
+@needs_fix
 def test_a_long_request_is_gathered_in_chunks_within_the_cap(tmp_path, monkeypatch):
     # 150 tokens over 10 scattered blocks, at most 7 rows (and not 8) a gather: 22
     # chunks, every block boundary crossed inside a chunk or between two.
@@ -158,12 +180,14 @@ def test_a_long_request_is_gathered_in_chunks_within_the_cap(tmp_path, monkeypat
     assert gathered == [7] * 21 + [3]
 
 
+@needs_fix
 def test_a_request_within_the_default_cap_is_gathered_at_once(tmp_path, monkeypatch):
     got, expected, gathered = _save(tmp_path, monkeypatch, 40, [3, 1, 8])
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     assert gathered == [40]
 
 
+@needs_fix
 def test_a_cap_below_one_row_still_copies_every_row(tmp_path, monkeypatch):
     got, expected, gathered = _save(
         tmp_path, monkeypatch, 5, [4], max_device_staging_bytes=1
@@ -172,6 +196,7 @@ def test_a_cap_below_one_row_still_copies_every_row(tmp_path, monkeypatch):
     assert gathered == [1] * 5
 
 
+@needs_fix
 @pytest.mark.parametrize("cap", [0, -1])
 def test_a_cap_that_is_not_positive_is_refused(tmp_path, cap):
     with pytest.raises(ValueError, match="max_device_staging_bytes"):
