@@ -23,7 +23,7 @@ MAX_JOBS ?= 2
 
 .PHONY: help venv system-deps build-wheel build-cpu-source build-cpu-test test test-unit test-engine test-engine-cpu-source test-upstream test-upstream-ci test-releases \
         lint apply fetch edit export check-overlay status publish rebase outlook upstream track bench bench-engine bench-engine-cpu-source \
-        bench-connector bench-cache-billing \
+        bench-connector bench-cache-billing bench-staging \
         bench-coldstart clean
 
 help:
@@ -50,6 +50,7 @@ help:
 	@echo "make bench-engine-cpu-source  the same figures: our vllm-cpu compiled from the sdist against our repack of the official wheel"
 	@echo "make bench-connector the connector's per-request cost, ours against without our changes, in one process"
 	@echo "make bench-cache-billing  tokens vLLM's KV cache planner gives with hidden-state extraction, against the layers' own pages (vllm#56774)"
+	@echo "make bench-staging  bytes the connector gathers at once for a 64k-token request, before and after bounded staging (vllm#49310)"
 	@echo "make bench-coldstart [BENCH_ARGS=--phases=…]  cold start on a fresh clone: pip vs uv"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -209,6 +210,11 @@ bench-connector: $(STAMP)
 # tiny models, with and without hidden-state extraction (see --help; no model is loaded).
 bench-cache-billing: $(STAMP)
 	$(VENV)/bin/python bench/bench_cache_billing.py $(BENCH_ARGS)
+
+# The connector's own copy path, before and after bounded staging (about 8 GiB of memory at
+# the default 65,536 tokens x 4 x 7168; see --help).
+bench-staging: $(STAMP)
+	$(VENV)/bin/python bench/bench_staging.py $(BENCH_ARGS)
 
 # Fresh clone, empty caches, pip beside uv; minutes per phase (see --help for --phases).
 bench-coldstart: $(STAMP)

@@ -119,9 +119,27 @@ def main() -> int:
 
 
 def _parent(args: argparse.Namespace) -> int:
+    from vllm_overlay import util
+
+    work = args.work.absolute()
+    sides, env, tree = prepare_sides(SIDES, work)
+    with tempfile.TemporaryDirectory(dir=_storage_parent(args.storage)) as storage:
+        spec = {**vars(args), "sides": sides, "storage": storage}
+        spec.pop("child"), spec.pop("work"), spec.pop("json")
+        figures = run_child(__file__, spec, work, env, tree)
+    print(report(figures, spec))
+    if args.json:
+        util.atomic_write_text(args.json, json.dumps(figures, indent=2))
+    return 0
+
+
+def prepare_sides(sides: tuple[tuple[str, str], ...], work: Path):
+    """The connector module as the series leaves it after each side's change, written under
+    ``work``; the pristine tree of the pin and its test environment. (side -> module path,
+    the environment, the tree.)"""
     sys.path.insert(0, str(REPO / "tools"))
     os.environ.setdefault("VLLM_OVERLAY_PROJECT", str(REPO))
-    from vllm_overlay import process, util
+    from vllm_overlay import util
     from vllm_overlay.envs import testenv
     from vllm_overlay.gitrepo import show_bytes
     from vllm_overlay.overlay.checkout import apply_overlay, plan
@@ -130,7 +148,6 @@ def _parent(args: argparse.Namespace) -> int:
 
     project = find_project()
     lock, overlay = project.lock(), project.overlay()
-    work = args.work.absolute()
     files = work / "connector"
     files.mkdir(parents=True, exist_ok=True)
     repo, base = upstream_repo(lock)
@@ -139,37 +156,37 @@ def _parent(args: argparse.Namespace) -> int:
         if CONNECTOR in pc.files:
             content[pc.change.id] = pc.files[CONNECTOR]
     order = [c.id for c in overlay.changes if CONNECTOR in c.files]
-    wanted = [change for _, change in SIDES]
+    wanted = [change for _, change in sides]
     at = [order.index(c) if c in order else -1 for c in wanted]
     if -1 in at or at != sorted(at) or wanted[-1] != order[-1]:
         raise SystemExit(
-            f"bench_connector: expected the series to change {CONNECTOR} with "
+            f"bench: expected the series to change {CONNECTOR} with "
             f"{', '.join(wanted)}, in that order, the last last; it does with "
-            f"{', '.join(order)}. Update SIDES."
+            f"{', '.join(order)}. Update its SIDES."
         )
-    sides = {}
-    for side, change in SIDES:
+    paths = {}
+    for side, change in sides:
         path = files / f"{change}.py"
         util.atomic_write_bytes(path, content[change])
-        sides[side] = str(path)
+        paths[side] = str(path)
     tree = work / "pristine"
     apply_overlay(lock, None, tree, force=True)
-    env = testenv.ensure_testenv(tree)
-    with tempfile.TemporaryDirectory(dir=_storage_parent(args.storage)) as storage:
-        spec = {**vars(args), "sides": sides, "storage": storage}
-        spec.pop("child"), spec.pop("work"), spec.pop("json")
-        spec_file = work / "spec.json"
-        util.atomic_write_text(spec_file, json.dumps(spec, indent=2))
-        out = process.run(
-            env.python, __file__, "--child", spec_file,
-            env=env.environ(work / "scratch", tree), cwd=work,
-            hint="the connector bench's child failed; its output is above.",
-        )  # fmt: skip
-    figures = json.loads(out.stdout)
-    print(report(figures, spec))
-    if args.json:
-        util.atomic_write_text(args.json, json.dumps(figures, indent=2))
-    return 0
+    return paths, testenv.ensure_testenv(tree), tree
+
+
+def run_child(script: str, spec: dict, work: Path, env, tree: Path) -> dict:
+    """``script --child SPEC`` in the test environment ``env`` with ``tree`` on its path;
+    the JSON it prints."""
+    from vllm_overlay import process, util
+
+    spec_file = work / "spec.json"
+    util.atomic_write_text(spec_file, json.dumps(spec, indent=2))
+    out = process.run(
+        env.python, script, "--child", spec_file,
+        env=env.environ(work / "scratch", tree), cwd=work,
+        hint="the bench's child failed; its output is above.",
+    )  # fmt: skip
+    return json.loads(out.stdout)
 
 
 def _storage_parent(storage: Path | None) -> str | None:
