@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine import fulldisk, harness, server
+from engine import fulldisk, harness, server, stops
 from engine.sessions import ENGINE_DEFAULTS, LAYERS, prompts
 
 SPECULATORS = "speculators==0.9.0"
@@ -405,8 +405,12 @@ def log_errors(log: Path) -> list[str]:
 
 # name -> (wheel, model, parts). "without" runs its fatal part last.
 SERVER_SESSIONS = {
-    "ours-serve": ("ours", "qwen3next", ("speculators", "probes", "storm", "full-disk")),
-    "without-serve": ("without", "qwen3next", ("speculators", "probes-non-fatal", "storm")),
+    "ours-serve": ("ours", "qwen3next", ("speculators", "probes", "stops", "storm", "full-disk")),
+    "without-serve": (
+        "without",
+        "qwen3next",
+        ("speculators", "probes-non-fatal", "stops", "storm"),
+    ),
 }
 # The model runners each server runs on (harness.RUNNERS; see sessions.RUNNERS_OF): our
 # wheel on both (CUDA users run V2, CPU users V1: the connector's hooks differ), upstream's
@@ -448,6 +452,10 @@ def run_server_session(shared: Path, name: str, runner: str, wheels: dict, model
                         out = run_speculators(srv, client, prepared, model, where / part)
                     elif part.startswith("probes"):
                         out = run_probes(srv, where / part, fatal=part == "probes")
+                    elif part == "stops":
+                        out = stops.run_stops(
+                            srv, where / part, max_model_len=SERVE_ENGINE["max_model_len"]
+                        )
                     elif part == "full-disk":
                         out = fulldisk.run_full_disk(srv, where / part, **fulldisk.DISK)
                     else:

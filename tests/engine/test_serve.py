@@ -127,6 +127,26 @@ def test_aborts_under_load_leave_a_working_server_and_no_files(server_session, r
 
 
 @serve_on
+@pytest.mark.parametrize("part", ["stop-string", "paused"])
+def test_a_request_the_engine_aborts_for_its_client_keeps_its_file(server_session, runner, part):
+    """The core finishes a request that ends on a stop string (found in the frontend), and
+    every request a pause with mode "abort" stops, as FINISHED_ABORTED: the client is still
+    there, its prompt computed (stops.py). It gets its path, and the file holds the rows the
+    model computed for its prompt."""
+    stop = server_session("ours-serve", runner)["stops"]
+    got = stop[part]
+    if part == "stop-string":  # the premise: a word of the greedy text, where it stopped
+        assert got["stop"] and got["client"]["finish"] == "stop", got
+    else:  # the premise: generating (its prompt computed) when the pause aborted it
+        assert got["generating_when_paused"] and got["client"]["finish"] == "abort", got
+        assert got["pause_status"] == got["resume_status"] == 200, got
+    c = got["client"]
+    assert c["status"] == 200 and c["path"] and "kept" in c, c
+    assert_layers_right(stop["checks"][c["name"]], f"{part} file")
+    assert stop["healthy_after"] and stop["storage_left"] == [], stop
+
+
+@serve_on
 def test_a_full_disk_fails_writes_cleanly_and_the_server_goes_on(server_session, runner):
     """hidden-states-connector-atomic-files, on a tmpfs the test mounts over the storage
     directory (fulldisk.py): every write that meets the full disk fails whole, logged with

@@ -156,3 +156,17 @@ def test_a_hybrid_of_several_layers_a_group_extracts_right_without_our_changes(
 ):
     """vllm#56774 costs memory, not rows: billed two pages a block id, the rows are right."""
     assert_right(engine_session("without-hybrid-wide", runner), case)
+
+
+@on("without-serve")
+@pytest.mark.parametrize("part", ["stop-string", "paused"])
+def test_a_request_the_engine_aborts_for_its_client_keeps_its_file_as_released(
+    server_session, runner, part
+):
+    """0.34.0 as released saves every finished request, FINISHED_ABORTED ones too: a request
+    that ends on a stop string, or that a pause aborts, gets its file (what our wheel must
+    keep doing, with its own abort fix)."""
+    stop = server_session("without-serve", runner)["stops"]
+    c = stop[part]["client"]
+    assert c["status"] == 200 and c["path"] and "kept" in c, c
+    assert_layers_right(stop["checks"][c["name"]], f"{part} file")
