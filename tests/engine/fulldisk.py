@@ -68,7 +68,7 @@ def _mount(storage: Path, size: int) -> str | None:
     return None if out.returncode == 0 else f"mount: rc {out.returncode}: {out.stderr.strip()}"
 
 
-def _written(path: str, timeout: float = 300) -> bool:
+def written(path: str, timeout: float = 300) -> bool:
     """Wait until the worker's write of ``path`` has ended (its ``.lock`` no longer held),
     without taking the lock from a reader. False if it is still held after ``timeout``."""
     import fcntl
@@ -125,7 +125,7 @@ def run_full_disk(srv: server.Server, where: Path, *, size: int, requests: int, 
         plan = [(f"disk-{i}", p) for i, p in enumerate(prompts(31, *[tokens] * requests))]
         with ThreadPoolExecutor(requests) as pool:
             clients = list(pool.map(lambda a: _send(srv, *a), plan))
-        out["all_written"] = all(_written(c["path"]) for c in clients if c["path"])
+        out["all_written"] = all(written(c["path"]) for c in clients if c["path"])
         for c in clients:
             if c["path"]:
                 _read(c, saved)

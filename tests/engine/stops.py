@@ -13,8 +13,14 @@ client's abort from a stop criterion met).
   the pause is sent once the server counts a generated token (``vllm:generation_tokens_total``
   above what it was), so its prompt is computed by construction; then ``/resume``.
 
-Each client that gets a path reads its file as speculators does (``server.read_locked``);
-``files`` go to the reference check. What the client got is recorded, not asserted here.
+The reply to an aborted request carries no ``kv_transfer_params`` (the frontend answers it
+before the core frees it), on 0.34.0 as released too. So the client finds its file as a
+collector that scans the storage directory does: by its ``X-Request-Id`` in the file names.
+A follow-up request makes the engine step (the connector hears of a finished request at the
+next step); then the client waits for the worker's ``.lock`` to be released (the write has
+ended, or the lock was discarded) and reads the file as speculators does
+(``server.read_locked``), if there is one. ``files`` go to the reference check. What the
+client got is recorded, not asserted here.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from engine import server
+from engine import fulldisk, server
 from engine.sessions import prompts
 
 TOKENS = {"stop-string": 24, "paused": 40}
@@ -46,17 +52,28 @@ def _text(reply: server.Reply) -> str:
     return (body.get("choices") or [{}])[0].get("text") or ""
 
 
-def _client(name: str, prompt: list[int], reply: server.Reply, saved: Path) -> dict:
-    """What the client got, and its file read as speculators reads it."""
+def _client(srv: server.Server, name: str, prompt: list[int], reply: server.Reply,
+            saved: Path) -> dict:  # fmt: skip
+    """What the client got, and its file, found by its request id, read as speculators
+    reads it."""
     c = {"name": name, "prompt": prompt, "status": reply.status, "finish": _finish(reply),
          "path": _path(reply)}  # fmt: skip
-    if c["path"]:
+    follow = srv.complete(prompts(43, 8)[0], timeout=600)  # the engine's next step
+    if _path(follow):
+        server.read_locked(_path(follow), saved / f"{name}-follow-up.safetensors")
+    stem = f"stops-{name}"
+    locks = [p for p in srv.storage.iterdir() if stem in p.name and p.name.endswith(".lock")]
+    c["locks"] = [p.name for p in locks]
+    c["lock_released"] = all(fulldisk.written(str(p)[: -len(".lock")]) for p in locks)
+    found = [p for p in srv.storage.iterdir() if stem in p.name and p.suffix == ".safetensors"]
+    c["found"] = [p.name for p in found]
+    if len(found) == 1:
         kept = saved / f"{name}.safetensors"
-        try:
-            server.read_locked(c["path"], kept)
-            c["kept"] = str(kept)
-        except FileNotFoundError:
-            c["read_error"] = "FileNotFoundError"
+        server.read_locked(str(found[0]), kept)
+        c["kept"] = str(kept)
+    for p in srv.storage.iterdir():  # a lock without its file: the client removes it
+        if stem in p.name and p.name.endswith(".lock"):
+            p.unlink()
     return c
 
 
@@ -84,7 +101,7 @@ def _stop_string(srv: server.Server, saved: Path) -> dict:
     reply = srv.complete(prompt, max_tokens=12, temperature=0.0, ignore_eos=True, stop=[word],
                          headers={"X-Request-Id": "stops-stop-string"}, timeout=600)  # fmt: skip
     out["text"] = _text(reply)
-    out["client"] = _client("stop-string", prompt, reply, saved)
+    out["client"] = _client(srv, "stop-string", prompt, reply, saved)
     return out
 
 
@@ -112,7 +129,7 @@ def _paused(srv: server.Server, saved: Path, max_model_len: int) -> dict:
     thread.join(timeout=900)
     out["resume_status"] = srv.request("POST", "/resume", timeout=300).status
     if "reply" in box:
-        out["client"] = _client("paused", prompt, box["reply"], saved)
+        out["client"] = _client(srv, "paused", prompt, box["reply"], saved)
     return out
 
 

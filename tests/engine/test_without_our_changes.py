@@ -168,5 +168,5 @@ def test_a_request_the_engine_aborts_for_its_client_keeps_its_file_as_released(
     keep doing, with its own abort fix)."""
     stop = server_session("without-serve", runner)["stops"]
     c = stop[part]["client"]
-    assert c["status"] == 200 and c["path"] and "kept" in c, c
+    assert c["status"] == 200 and c["lock_released"] and c["found"] and "kept" in c, c
     assert_layers_right(stop["checks"][c["name"]], f"{part} file")
