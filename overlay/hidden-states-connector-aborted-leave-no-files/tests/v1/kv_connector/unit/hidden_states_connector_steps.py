@@ -52,7 +52,9 @@ NUM_BLOCKS = 64
 HIDDEN_LAYER = "model.cache_only_layers.12"
 
 
-def _vllm_config(storage: Path, extra_config: dict[str, Any]) -> VllmConfig:
+def _vllm_config(
+    storage: Path, extra_config: dict[str, Any], token_budget: int | None = None
+) -> VllmConfig:
     model_config = ModelConfig(
         model="facebook/opt-125m", dtype="float32", max_model_len=2048
     )
@@ -75,6 +77,11 @@ def _vllm_config(storage: Path, extra_config: dict[str, Any]) -> VllmConfig:
         scheduler_config=SchedulerConfig(
             max_model_len=model_config.max_model_len,
             is_encoder_decoder=model_config.is_encoder_decoder,
+            **(
+                {"max_num_batched_tokens": token_budget, "max_num_seqs": token_budget}
+                if token_budget
+                else {}
+            ),
         ),
         device_config=DeviceConfig("cpu"),
         kv_transfer_config=KVTransferConfig(
@@ -137,9 +144,15 @@ class ConnectorSteps:
     """A scheduler and one worker-side connector (TP rank 0) sharing a storage
     directory; ``step()`` is one engine step less the model."""
 
-    def __init__(self, storage: Path, monkeypatch, **extra_config: Any):
+    def __init__(
+        self,
+        storage: Path,
+        monkeypatch,
+        token_budget: int | None = None,
+        **extra_config: Any,
+    ):
         _stand_in_cuda_copies(monkeypatch)
-        vllm_config = _vllm_config(storage, extra_config)
+        vllm_config = _vllm_config(storage, extra_config, token_budget)
         self.scheduler = create_scheduler(
             vllm_config, num_blocks=NUM_BLOCKS, kv_cache_config=_kv_cache_config()
         )
