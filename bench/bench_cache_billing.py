@@ -35,6 +35,9 @@ concurrency at max_model_len, times max_model_len) without extraction, with it, 
   each target group split into one-layer groups (the pool's block is then one page wide),
   as vllm#56822 proposes.
 
+Our series carries the fix (hidden-state-cache-billed-at-its-own-page): ``--tree .work/vllm``
+(``make apply``'s checkout) runs vLLM's planner with it, and "with" then equals the model.
+
     python bench/bench_cache_billing.py [--tree DIR] [--json FILE]
 """
 
