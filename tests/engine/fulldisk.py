@@ -26,12 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engine import server
-from engine.sessions import LAYERS, prompts
+from engine.sessions import ROW_BYTES, prompts
 
 # 12 files of 200 tokens x 3 layers x 256 x 2 bytes (307,200 bytes of rows each) on 512 KiB:
 # one fits, at least 11 writes fail.
 DISK = {"size": 512 * 1024, "requests": 12, "tokens": 200, "after": 3}
-ROW_BYTES = len(LAYERS) * 256 * 2
 ID = re.compile(r"disk-(?:after-)?\d+")
 FAILED = "Hidden-states write failed for req_id="
 
@@ -147,8 +146,8 @@ def run_full_disk(srv: server.Server, where: Path, *, size: int, requests: int, 
     out["later_outcomes"] = {k: sum(1 for c in later if c.get("outcome") == k)
                              for k in ("whole", "missing", "torn")}  # fmt: skip
     text = srv.log.read_text(errors="replace")
-    out["failures_logged"] = sorted({m.group(0) for ln in text.splitlines()
-                                     if FAILED in ln for m in [ID.search(ln)] if m})  # fmt: skip
+    out["failures_logged"] = sorted({ID.search(ln).group(0) for ln in text.splitlines()
+                                     if expected_failure(ln)})  # fmt: skip
     out["files"] = [{"name": c["name"], "kept": c["kept"], "prompt": c["prompt"]}
                     for c in clients + later if c.get("outcome") == "whole"]  # fmt: skip
     return out

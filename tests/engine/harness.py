@@ -12,9 +12,8 @@ wheel, every verify check):
 - ``ours``: the whole series, what we ship;
 - ``without``: the series without our hidden-state changes (``HIDDEN_STATE_CHANGES``: ours
   for the connector's clients, its bounded staging and its whole files, the hidden-state
-  cache's billing; upstream has the
-  four fixes we carried on 0.24.0; the CPU enablers stay, without them nothing runs on the
-  CPU),
+  cache's billing; upstream has the four fixes we carried on 0.24.0; the CPU enablers stay,
+  without them nothing runs on the CPU),
   from a copy of the project whose overlay lacks them: the proof that the changes matter.
 """
 

@@ -17,6 +17,7 @@ from engine import harness
 # check for a second engine on the same machine.
 ENGINE_DEFAULTS = {"kv_cache_memory_bytes": 128 * 1024 * 1024, "gpu_memory_utilization": 0.3}
 LAYERS = [1, 2, 4]  # several layers, 4 = the last of the tiny models' 4
+ROW_BYTES = len(LAYERS) * 256 * 2  # a token's saved row: the layers x hidden 256 x bf16
 TOLERANCE = harness.TOLERANCE
 # hs-connectors' FP8 connector stores e4m3 values (3 mantissa bits) with a scale per row:
 # a row's relative L2 error against the float32 reference is the bf16 engine's plus the
@@ -45,7 +46,6 @@ DECODE = prompts(9, 17, 40)
 # them (the staging session: hidden-states-connector-bounded-staging).
 (STAGED,) = prompts(10, 8200)
 STAGING_CAP = 64 * 1024
-STAGING_ROW_BYTES = len(LAYERS) * 256 * 2
 ABORT = {
     "long": prompts(4, 300)[0],
     "short": prompts(5, 20)[0],

@@ -71,9 +71,6 @@ def _client(srv: server.Server, name: str, prompt: list[int], reply: server.Repl
         kept = saved / f"{name}.safetensors"
         server.read_locked(str(found[0]), kept)
         c["kept"] = str(kept)
-    for p in srv.storage.iterdir():  # a lock without its file: the client removes it
-        if stem in p.name and p.name.endswith(".lock"):
-            p.unlink()
     return c
 
 

@@ -15,10 +15,10 @@ from engine.checks import assert_generated, assert_ran, assert_right
 from engine.sessions import (
     BATCH,
     LONG,
+    ROW_BYTES,
     RUNNERS_OF,
     STAGED,
     STAGING_CAP,
-    STAGING_ROW_BYTES,
     capacity,
 )
 
@@ -129,13 +129,13 @@ def test_a_long_request_is_copied_out_within_the_staging_cap(engine_session, run
     row is right across every chunk boundary (hidden-states-connector-bounded-staging)."""
     s = engine_session("ours-dense-staging", runner)
     assert_right(s, "staged")
-    rows_at_once = STAGING_CAP // STAGING_ROW_BYTES
+    rows_at_once = STAGING_CAP // ROW_BYTES
     assert s.gathers == {
         "gathers": -(-len(STAGED) // rows_at_once),
         "rows": len(STAGED),
-        "bytes": len(STAGED) * STAGING_ROW_BYTES,
+        "bytes": len(STAGED) * ROW_BYTES,
         "max_rows": rows_at_once,
-        "max_bytes": rows_at_once * STAGING_ROW_BYTES,
+        "max_bytes": rows_at_once * ROW_BYTES,
     }, s.gathers
     assert s.gathers["max_bytes"] <= STAGING_CAP
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 from engine.checks import assert_generated, assert_layers_right, assert_right
 from engine.clients import SERVER_RUNNERS, SPECULATORS_ROWS
-from engine.sessions import RUNNERS_OF, STAGED, STAGING_CAP, STAGING_ROW_BYTES
+from engine.sessions import ROW_BYTES, RUNNERS_OF, STAGED, STAGING_CAP
 
 
 def on(name: str):
@@ -87,7 +87,7 @@ def test_a_long_request_is_gathered_at_once_without_our_changes(engine_session, 
     whole size), as the probe counted it in the worker. The file is right all the same."""
     s = engine_session("without-dense-staging", runner)
     assert_right(s, "staged")
-    whole = len(STAGED) * STAGING_ROW_BYTES
+    whole = len(STAGED) * ROW_BYTES
     assert s.gathers == {"gathers": 1, "rows": len(STAGED), "bytes": whole,
                          "max_rows": len(STAGED), "max_bytes": whole}, s.gathers  # fmt: skip
     assert s.gathers["max_bytes"] > STAGING_CAP
