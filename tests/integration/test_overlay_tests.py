@@ -22,11 +22,11 @@ from vllm_overlay.envs.testenv import recipe
 from vllm_overlay.overlay.checkout import apply_overlay, plan
 from vllm_overlay.overlay.model import load_overlay
 from vllm_overlay.overlay.series import final_tree
-from vllm_overlay.pin.lockfile import ABSENT, read_lock
+from vllm_overlay.pin.lockfile import read_lock
 from vllm_overlay.pin.trees import upstream_repo
 
 ROOT = Path(__file__).resolve().parents[2]
-END_TO_END = "test_hidden_states_saved_from_a_cpu_cache"
+END_TO_END = "test_hidden_states_saved_from_a_cache_in_host_memory"
 MACHINE_SKIP = "this machine has no "  # the start of a skip reason: hardware the test needs
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -45,17 +45,16 @@ def patched_tree(tmp_path) -> Path:
 
 @pytest.fixture
 def pristine_tree(tmp_path) -> Path:
-    """Pristine vLLM at the pin, plus the test files the overlay adds (its tests and the
-    helpers they import) as the whole series leaves them (and nothing else)."""
+    """Pristine vLLM at the pin, plus the test files the overlay adds or extends (its tests
+    and the helpers they import) as the whole series leaves them (and nothing else)."""
     lock, overlay = read_lock(ROOT / "upstream.lock"), load_overlay(ROOT / "overlay")
     tree = apply_overlay(lock, None, tmp_path / "pristine").checkout
     final = final_tree(plan(lock, overlay, *upstream_repo(lock)))
     added = {p for change in overlay.changes for p in change.files if p.startswith("tests/")}
     for path in added | {t.split("::")[0] for t in overlay_tests()}:
-        if lock.base.get(path) == ABSENT:
-            dest = tree / path
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(final[path])
+        dest = tree / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(final[path])
     return tree
 
 

@@ -266,3 +266,14 @@ def test_bad_runners_point_at_the_key(value, message):
     with pytest.raises(OverlayConfigError) as e:
         parse(GOOD + f"runners = {value}\n")
     assert message in str(e.value) and "change 'fix-one'" in str(e.value)
+
+
+def test_upstream_after_names_earlier_changes_and_a_drop_takes_it_out():
+    second = GOOD.split("\n\n", 1)[1].replace("fix-one", "fix-two")
+    text = GOOD + "\n" + second + 'upstream_after = ["fix-one"]\n'
+    assert [c.upstream_after for c in parse(text).changes] == [(), ("fix-one",)]
+    with pytest.raises(OverlayConfigError, match=r"`upstream_after` names \['fix-two'\]"):
+        parse(GOOD + 'upstream_after = ["fix-two"]\n' + "\n" + second)  # a later one
+    rec = history.DroppedRecord("fix-one", "One", "https://x", "0.25.0", "merged", "proof")
+    (kept,) = parse(history.rewrite(text, dropped=[rec])).changes
+    assert kept.id == "fix-two" and kept.upstream_after == ()

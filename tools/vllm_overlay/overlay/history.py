@@ -2,7 +2,8 @@
 
 A rebase removes the ``[[change]]`` tables of dropped changes and records each in a
 ``[[dropped]]`` table (the overlay's history, with the upstream tests that proved the drop),
-updates the ``files`` and ``tests`` of changes whose paths moved, and bumps the top-level
+updates the ``files`` and ``tests`` of changes whose paths moved, takes a dropped change out
+of the others' ``upstream_after`` (upstream has it), and bumps the top-level
 ``revision`` when the overlay's content changed. Everything else in the file (comments, key
 order, string styles, a kept change's ``upstream_tests``) is left as it was.
 """
@@ -83,6 +84,13 @@ def rewrite(
             if cid in drop_ids:
                 del aot[i]
                 continue
+            after = list(tbl.get("upstream_after", []))
+            if set(after) & drop_ids:  # upstream has it now: nothing to go after
+                kept = [a for a in after if a not in drop_ids]
+                if kept:
+                    tbl["upstream_after"] = _array_like(tbl["upstream_after"], kept)
+                else:
+                    del tbl["upstream_after"]
             if cid in files and list(tbl.get("files", [])) != list(files[cid]):
                 tbl["files"] = _array_like(tbl.get("files"), files[cid])
             if cid in tests and list(tbl.get("tests", [])) != list(tests[cid]):

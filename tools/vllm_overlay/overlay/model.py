@@ -24,7 +24,7 @@ _REQUIRED = ("id", "title", "why", "origin", "files", "tests")
 _OPTIONAL = (
     "drop_when", "drop_condition", "origin_kind", "bugs", "supersedes", "authors", "notes",
     "upstream_tests", "runners", "forwarded", "upstream_status", "since", "security",
-    "reproduction",
+    "reproduction", "upstream_after",
 )  # fmt: skip
 # vLLM's model runners a change serves (``runners``): "v1" (gpu_model_runner.py and
 # cpu_model_runner.py, deleted in 0.34.0) and "v2" (vllm/v1/worker/gpu/, and its CPU subclass).
@@ -64,6 +64,9 @@ class Change:
     since: str = ""  # the upstream release the change was first carried on ("": not recorded)
     security: bool = False  # a security fix: upstream takes it through a private advisory
     reproduction: str = ""  # how to see the problem without the change (for upstream)
+    # Earlier changes of ours that upstream must take first: `vllm-overlay upstream` prepares
+    # this one on top of them (a stacked pull request), e.g. tests that use a helper they add.
+    upstream_after: tuple[str, ...] = ()
 
     @property
     def ours(self) -> bool:
@@ -322,6 +325,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 since=check_since(tbl["since"], where) if "since" in tbl else "",
                 security=bool(tbl.get("security", False)),
                 reproduction=tbl.get("reproduction", ""),
+                upstream_after=_upstream_after(tbl, [c.id for c in changes], where),
             )
         )
     history = data.get("dropped", [])
@@ -339,6 +343,18 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
     return Overlay(
         dir=overlay_dir, changes=tuple(changes), history=tuple(history), revision=revision
     )
+
+
+def _upstream_after(tbl: dict, earlier: list[str], where: str) -> tuple[str, ...]:
+    """``upstream_after``: ids of earlier changes in the series (upstream takes them first)."""
+    after = _str_list(tbl.get("upstream_after", []), f"{where}: `upstream_after`")
+    unknown = [a for a in after if a not in earlier]
+    if unknown:
+        raise OverlayConfigError(
+            f"{where}: `upstream_after` names {unknown}, which are not earlier changes of the "
+            "series; list only changes above this one in overlay.toml."
+        )
+    return after
 
 
 def load_overlay(overlay_dir: Path) -> Overlay:

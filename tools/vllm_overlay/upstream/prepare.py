@@ -9,6 +9,12 @@ change's lines only sit next to an earlier change's (an insertion beside lines u
 not have), the insertion is kept and the earlier change's lines are not (``_adjacent``); any
 other overlap is refused, naming the earlier changes.
 
+A change may name earlier changes of ours that upstream must take first (``upstream_after`` in
+overlay.toml: its tests use a helper they add, or it needs their code on the CPU). It is then
+prepared on top of them, a stacked pull request: "upstream's" side of every merge is the release
+with those changes, each prepared the same way (``Prepared.stack``), and they go into the clone
+as commits of their own before it.
+
 Tests go into vLLM's own layout: our test files already live at vLLM's paths; a test helper
 that an earlier change of ours added and these tests import (``tests/...`` modules) comes
 along whole. Every test file is scrubbed of our scaffolding (``scrub.py``); a mention of the
@@ -44,6 +50,9 @@ class Prepared:
     base_files: dict[str, bytes | None]  # path -> upstream's content at the release (None: new)
     brought: dict[str, str] = field(default_factory=dict)  # helper path -> the change adding it
     notes: list[str] = field(default_factory=list)
+    # The changes upstream takes first (``upstream_after``), prepared, in series order.
+    stack: list[Prepared] = field(default_factory=list)
+    raw: dict[str, bytes] = field(default_factory=dict)  # the files before the scrub
 
     @property
     def tests(self) -> list[str]:
@@ -91,9 +100,31 @@ def _imported_helpers(path: str, text: str) -> list[str]:
 def prepare(lock: Lock, overlay: Overlay, change_id: str, *, index_url: str | None = None
             ) -> tuple[Prepared, Path, str]:  # fmt: skip
     """The change's files for upstream; with the release's repository and base commit."""
-    change = overlay.change(change_id)
     repo, base = upstream_repo(lock, source="sdist", index_url=index_url)
     planned = plan(lock, overlay, repo, base)
+    order = [pc.change.id for pc in planned]
+    wanted: set[str] = set()
+    todo = [change_id]
+    while todo:  # the changes upstream takes first, and theirs
+        for after in overlay.change(todo.pop()).upstream_after:
+            if after not in wanted:
+                wanted.add(after)
+                todo.append(after)
+    stack: list[Prepared] = []
+    for cid in sorted(wanted, key=order.index):
+        stack.append(_prepare_one(lock, overlay, cid, repo, base, planned, stack))
+    prep = _prepare_one(lock, overlay, change_id, repo, base, planned, stack)
+    prep.stack = stack
+    return prep, repo, base
+
+
+def _prepare_one(lock: Lock, overlay: Overlay, change_id: str, repo: Path, base: str,
+                 planned: list, stack: list[Prepared]) -> Prepared:  # fmt: skip
+    """One change's files on the release plus ``stack`` (prepared before it), scrubbed."""
+    change = overlay.change(change_id)
+    stacked: dict[str, bytes] = {}  # the release as the stack leaves it (unscrubbed)
+    for below in stack:
+        stacked.update(below.raw)
     idx = [pc.change.id for pc in planned].index(change_id)
     series: dict[str, bytes] = {}  # the tree (touched files) as the earlier changes leave it
     added_by: dict[str, str] = {}
@@ -104,7 +135,8 @@ def prepare(lock: Lock, overlay: Overlay, change_id: str, *, index_url: str | No
     after = planned[idx].files
     prep = Prepared(change, {}, {})
     for path in change.files:
-        prep.base_files[path] = pristine = show_bytes(repo, base, path)
+        prep.base_files[path] = show_bytes(repo, base, path)
+        pristine = stacked.get(path, prep.base_files[path])
         before, new = series.get(path, pristine), after[path]
         if pristine is None and before is not None and not path.startswith("tests/"):
             raise UpstreamError(
@@ -135,9 +167,10 @@ def prepare(lock: Lock, overlay: Overlay, change_id: str, *, index_url: str | No
             )
         prep.files[path] = result
     _bring_helpers(prep, repo, base, {**series, **after}, added_by)
+    prep.raw = dict(prep.files)
     for path in prep.tests:
         prep.files[path] = scrub.scrub(prep.files[path].decode()).encode()
-    return prep, repo, base
+    return prep
 
 
 def _bring_helpers(prep: Prepared, repo: Path, base: str, tree: dict[str, bytes],
@@ -158,6 +191,29 @@ def _bring_helpers(prep: Prepared, repo: Path, base: str, tree: dict[str, bytes]
             todo.append(helper)
     for helper, cid in sorted(prep.brought.items()):
         prep.notes.append(f"{helper}: a test helper {cid} adds; it comes along whole")
+
+
+def onto(clone: Path, prep: Prepared, below: Prepared | None) -> dict[str, bytes]:
+    """``prep.files`` as they go into ``clone``: where ``below`` (the commit under it, which
+    the hooks may have fixed since it was prepared) has the file too, the fixes are merged in."""
+    if below is None:
+        return dict(prep.files)
+    out = {}
+    for path, data in prep.files.items():
+        was = below.files.get(path)
+        now = show_bytes(clone, "HEAD", path)
+        if was is None or now is None or was == now:
+            out[path] = data
+            continue
+        merged, conflicts = merge_file(now, was, data, ("fixed", "prepared", prep.change.id))
+        if conflicts:
+            raise UpstreamError(
+                f"{path}: the release's hooks changed {below.change.id}'s lines where "
+                f"{prep.change.id} edits them; format {below.change.id}'s lines as the hooks "
+                "want (`vllm-overlay edit`, export), then run this again."
+            )
+        out[path] = merged
+    return out
 
 
 def leftovers(prep: Prepared, message: str) -> list[str]:

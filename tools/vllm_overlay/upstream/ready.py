@@ -89,7 +89,7 @@ def upstream(project: Project, change_id: str, *, out: Path | None = None,
     if not prep_.title_ok(title):
         raise UsageError(f"{title!r} does not follow vLLM's title rule: [Tag] prefixes, a "
                          "space, the description (pass --prefix \"[Bugfix]\").")  # fmt: skip
-    targets = [t for t in prep.tests if os.path.basename(t).startswith("test_")]
+    targets = _targets(prep)
     message = texts.commit_message(change, title, targets, who)
     left = prep_.leftovers(prep, message)
     if left:
@@ -132,18 +132,21 @@ def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: st
     name, release = lock.upstream.name, lock.upstream.version
     clone = stage / "vllm"
     prep_.clone(repo, base, clone, change.id)
+    python = test_python or _hooks_python(clone, stage / "runs" / "hooks")
+    stacked = _commit_stack(project, prep, clone, who, python)
+    prep.files = prep_.onto(clone, prep, prep.stack[-1] if prep.stack else None)
     prep_.write(clone, prep.files)
     date = _date(project, change.id)
     paths = sorted(prep.files)
     prep_.commit(clone, paths, message, who, date)
-    python = test_python or _hooks_python(clone, stage / "runs" / "hooks")
     selected = hooks_.select(clone, paths, python)
     fixes = hooks_.run_hooks(clone, selected)  # their fixes, as a first pre-commit run makes
     fixed = prep_.amend_fixes(clone, paths, date, who)
     checked = hooks_.run_hooks(clone, selected)
     work = stage / "runs"
     with_tree = prep_.test_tree(clone, "HEAD", work / "with")
-    without_tree = prep_.test_tree(clone, base, work / "without", keep=prep.tests)
+    # without: the commit's parent (the release, or the changes it is stacked on)
+    without_tree = prep_.test_tree(clone, "HEAD~1", work / "without", keep=prep.tests)
     info(f"upstream: {change.id}'s tests with the commit, then on {release} without it")
     with_ = _run(with_tree, targets, work, "with", test_python)
     without = _run(without_tree, targets, work, "without", test_python)
@@ -158,12 +161,17 @@ def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: st
         "hooks": [h.to_json() for h in checked], "hook_fixes": [h.to_json() for h in fixes
                                                                 if h.changed],
         "hooks_fixed_files": fixed, "brought": prep.brought, "notes": prep.notes,
-        "security": change.security,
+        "security": change.security, "stack": stacked,
     }  # fmt: skip
+    files = []
+    for k, part in enumerate(prep.stack):  # the changes upstream takes first, then this one
+        name = f"{k + 1:04d}-{part.change.id}.patch"
+        (stage / name).write_bytes(prep_.format_patch(clone, f"HEAD~{len(prep.stack) - k}"))
+        files.append(name)
     patch = prep_.format_patch(clone)
-    patch_name = f"0001-{change.id}.patch"
+    patch_name = f"{len(prep.stack) + 1:04d}-{change.id}.patch"
     (stage / patch_name).write_bytes(patch)
-    files = [patch_name]
+    files.append(patch_name)
     if change.security:
         policy = (show_bytes(clone, "HEAD", texts.SECURITY) or b"").decode()
         text = texts.advisory(change, release, name, policy, proof, patch_name)
@@ -190,6 +198,35 @@ def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: st
     sizes = {f: (stage / f).stat().st_size for f in files if (stage / f).is_file()}
     return {**proof, "ok": not failed, "failed": failed, "files": files, "sizes": sizes,
             "patch_lines": patch.count(b"\n")}  # fmt: skip
+
+
+def _targets(prep) -> list[str]:
+    """The tests the proof runs: the change's own (``path::test``, as overlay.toml lists them)
+    where its tests sit in a file with others, else its test files."""
+    files = [t for t in prep.tests if os.path.basename(t).startswith("test_")]
+    own = [t for t in prep.change.tests if t.split("::")[0] in files]
+    return own if own and all("::" in t for t in own) else files
+
+
+def _commit_stack(project: Project, prep, clone: Path, who: tuple[str, str],
+                  python: str) -> list[dict]:  # fmt: skip
+    """The changes ``prep`` is stacked on, committed into ``clone`` in order, each with the
+    release's hooks' fixes folded in (as its own preparation makes them)."""
+    done = []
+    below = None
+    for part in prep.stack:
+        part.files = prep_.onto(clone, part, below)
+        prep_.write(clone, part.files)
+        paths = sorted(part.files)
+        title = f"{texts.prefix_for(part.change)} {part.change.title}"
+        date = _date(project, part.change.id)
+        message = texts.commit_message(part.change, title, _targets(part), who)
+        prep_.commit(clone, paths, message, who, date)
+        hooks_.run_hooks(clone, hooks_.select(clone, paths, python))
+        fixed = prep_.amend_fixes(clone, paths, date, who)
+        done.append({"change": part.change.id, "title": title, "hooks_fixed_files": fixed})
+        below = part
+    return done
 
 
 def _hooks_python(tree: Path, work: Path) -> str:
