@@ -181,7 +181,7 @@ outlook: $(STAMP)
 # A change of ours, ready for upstream and proven: .work/upstream/$(CHANGE)/ (docs/upstream.md).
 upstream: $(STAMP)
 	@test -n "$(CHANGE)" || { echo "make upstream CHANGE=<change id> (vllm-overlay status lists them)"; exit 2; }
-	$(VO) upstream $(CHANGE)
+	$(VO) upstream $(CHANGE) $(if $(ASSISTED_BY),--assisted-by "$(ASSISTED_BY)")
 
 # What the daily workflow runs (.github/workflows/track-upstream.yml): vllm-overlay exits 0 up
 # to date or ready for review, 1 needs a person (make itself exits 2 on any failure); the

@@ -6,9 +6,13 @@
    apply their fixes (folded into the commit), then again, where each must pass unchanged.
 3. The proof: the change's tests at the release with the commit (they must pass) and on the
    release without it, the tests alone (they must fail), in the release's test environment.
-4. The files: ``<id>.patch`` (``git format-patch``), ``pull-request.md`` (the release's
-   template filled) or, for a change marked ``security``, ``advisory.md`` and nothing meant for
-   public eyes; ``proof.json``; the clone, ``vllm/``, on branch ``upstream/<id>``. All of it is
+4. The rules: the CI step that selects each test (``ci.py``), the docs pages of the changed
+   modules, the duplicate-work searches, the sizes; then the commit against the release's
+   AGENTS.md and tests/AGENTS.md, item by item (``checklist.py``).
+5. The files: ``<id>.patch`` (``git format-patch``), ``pull-request.md`` (the release's
+   template filled, ``texts.py``) or, for a change marked ``security``, ``advisory.md`` and
+   nothing meant for public eyes; ``checklist.md``; ``proof.json``; the clone, ``vllm/``, on
+   branch ``upstream/<id>``. All of it is
    built beside the output directory and renamed into place: a refused run leaves the old
    output as it was, and writes the proof of its refusal to ``<out>.refused.json``.
 """
