@@ -137,15 +137,24 @@ def test_upstream_prepares_a_signed_commit_proven_both_ways(project, cli):
 
 def test_a_security_fix_gets_an_advisory_and_no_pull_request_body(project, cli):
     _make_ours(project, security=True)
-    _identity(project.root)
+    _identity(project.root, assistant=False)  # the option names the assistant instead
     out = project.root / "out"
-    res = cli("upstream", CID, "--out", out, "--index-url", project.index.url, cwd=project.root)
+    res = cli("upstream", CID, "--out", out, "--assisted-by", "Other Bot <bot@example.org>",
+              "--index-url", project.index.url, cwd=project.root)  # fmt: skip
     assert res.rc == 0, res.err
     assert not (out / "pull-request.md").exists()
     adv = (out / "advisory.md").read_text()
     assert adv.startswith("# Security advisory draft:")
     assert "privately" in adv and "1 failed" in adv
+    assert "AI assistance was used to prepare this change (Other Bot," in adv
+    patch = (out / f"0001-{CID}.patch").read_text()
+    assert "Co-authored-by: Other Bot <bot@example.org>\nSigned-off-by: Ada" in patch
     assert "a security fix" in res.out
+    # the report prints the checklist, and each "no" as a finding with its evidence
+    assert "checklist against the release's AGENTS.md and tests/AGENTS.md" in res.out
+    assert "finding: the docs of a user-visible change, in the same PR:" in res.out
+    assert "docs not updated" in res.out
+    assert (out / "checklist.md").is_file()
 
 
 def test_refused_when_the_tests_pass_without_the_change(project, cli):
