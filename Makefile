@@ -43,7 +43,7 @@ help:
 	@echo "make rebase TO=VERSION [COMMIT=SHA]  move the overlay to a new vLLM release"
 	@echo "make test-releases  the 0.24.0 line walked to 0.28.0 and 0.33.0, track to 0.33.0 (not in CI)"
 	@echo "make outlook [OUTLOOK_ARGS='--tests --html F']  every change against every newer vLLM release"
-	@echo "make upstream CHANGE=ID  a change of ours ready for upstream, proven: patch, PR body or advisory (docs/upstream.md)"
+	@echo "make upstream CHANGE=ID [ASSISTED_BY='Name <email>']  a change of ours ready for upstream, proven: patch, PR body or advisory, checklist.md (docs/upstream.md)"
 	@echo "make track [TO=VERSION] [SUITE=1]  rebase a copy onto the newest release, write the PR body"
 	@echo "make bench          repack, git layer (apply, rebase) and outlook benchmarks"
 	@echo "make bench-engine [BENCH_ARGS=--runner v2]  engine start and extraction tokens/s: ours against the wheel without our changes"
@@ -181,7 +181,7 @@ outlook: $(STAMP)
 # A change of ours, ready for upstream and proven: .work/upstream/$(CHANGE)/ (docs/upstream.md).
 upstream: $(STAMP)
 	@test -n "$(CHANGE)" || { echo "make upstream CHANGE=<change id> (vllm-overlay status lists them)"; exit 2; }
-	$(VO) upstream $(CHANGE)
+	$(VO) upstream $(CHANGE) $(if $(ASSISTED_BY),--assisted-by "$(ASSISTED_BY)")
 
 # What the daily workflow runs (.github/workflows/track-upstream.yml): vllm-overlay exits 0 up
 # to date or ready for review, 1 needs a person (make itself exits 2 on any failure); the

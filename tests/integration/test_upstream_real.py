@@ -6,6 +6,7 @@ commit (they pass) and without it (they fail). One to three minutes warm."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,7 +30,8 @@ def test_our_fix_is_ready_for_upstream_at_the_pin(tmp_path, real_testenv):
     for key, val in (("user.name", "Ada Lovelace"), ("user.email", "ada@example.org")):
         subprocess.run(["git", "config", key, val], cwd=root, check=True)
     out = tmp_path / "out"
-    res = run_cli("upstream", CHANGE, "--out", out, "--json", cwd=root)
+    assistant = "Claude <noreply@anthropic.com>"
+    res = run_cli("upstream", CHANGE, "--out", out, "--json", "--assisted-by", assistant, cwd=root)
     assert res.rc == 0, res.err[-4000:]
     rep = json.loads(res.out)
     assert rep["with"]["ok"] and rep["with"]["failed"] == 0
@@ -42,5 +44,30 @@ def test_our_fix_is_ready_for_upstream_at_the_pin(tmp_path, real_testenv):
     assert "Subject: [PATCH] [Bugfix][KVConnector]" in patch
     assert "Signed-off-by: Ada Lovelace <ada@example.org>" in patch
     assert "vllm-overlay" not in patch.lower() and "VLLM_OVERLAY_TREE" not in patch
+    assert f"Co-authored-by: {assistant}\nSigned-off-by: Ada Lovelace" in patch
     body = (out / "pull-request.md").read_text()
     assert "## Validation" in body and "## Overview" in body  # the release's own template
+    # both commands and the output of each, from the proof
+    test = "tests/v1/kv_connector/unit/test_hidden_states_connector_aborted_files.py"
+    code = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
+    assert f"git diff HEAD~1 -- {code} | git apply -R\n" in body
+    assert f".venv/bin/python -m pytest -v {test}\n" in body
+    for failing in rep["without"]["failing"]:
+        assert f"FAILED {failing} - " in body
+    assert re.search(r"^\d+ failed, \d+ passed.* in [\d.]+s$", body, re.M)
+    assert re.search(r"^\d+ passed.* in [\d.]+s$", body, re.M)
+    # the CI step, as 0.34.0's misc.yaml has it, and what its triggers leave out
+    assert ("`.buildkite/test_areas/misc.yaml`, step \":nvidia: (H200 MIG 35GB) V1 KV Connectors\" "
+            "(`pytest -v -s -m 'not cpu_test' v1/kv_connector/unit`)") in body  # fmt: skip
+    assert f"do not cover `{code}` (excluded by `!vllm/distributed/kv_transfer/`)" in body
+    assert "### Not a duplicate" in body and "gh pr list --repo vllm-project/vllm" in body
+    assert "AI assistance was used to prepare this change (Claude," in body
+    assert "- [x] AI assistance was used during the creation of this PR." in body
+    assert "vllm-overlay" not in body.lower()
+    listed = (out / "checklist.md").read_text()
+    verdict = {i["rule"]: i["verdict"] for i in rep["checklist"]}
+    assert len(verdict) >= 14 and set(verdict.values()) <= {"yes", "no", "left for the person",
+                                                            "n/a"}  # fmt: skip
+    assert verdict["a CI step's commands and markers select each test"] == "yes"
+    assert "docs/features/speculative_decoding/extract_hidden_states.md" in listed
+    assert "heuristic" in listed and "## 1. tests pass with the commit" in listed

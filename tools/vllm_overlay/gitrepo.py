@@ -412,13 +412,15 @@ def user_identity(cwd: Path) -> tuple[str, str] | None:
     and repository config; the clean environment above reads neither), or None where either
     is unset. What `upstream` signs off with: a commit meant for upstream is the user's, not
     this tool's fixed identity."""
-    got = []
-    for key in ("user.name", "user.email"):
-        out = run("git", "config", "--get", key, cwd=cwd, check=False)
-        if out.returncode != 0 or not out.stdout.strip():
-            return None
-        got.append(out.stdout.strip())
-    return got[0], got[1]
+    name, email = user_config(cwd, "user.name"), user_config(cwd, "user.email")
+    return (name, email) if name and email else None
+
+
+def user_config(cwd: Path, key: str) -> str | None:
+    """``key`` as the user's own git config gives it in ``cwd`` (global and repository
+    config, which the clean environment above reads neither of); None where it is unset."""
+    out = run("git", "config", "--get", key, cwd=cwd, check=False)
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def last_commit_date(cwd: Path, path: str) -> str | None:

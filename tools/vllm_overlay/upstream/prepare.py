@@ -300,3 +300,15 @@ def title_ok(title: str) -> bool:
     """vLLM's pull-request title rule (its .github/workflows/pr-title.yml): one or more
     ``[Tag]`` prefixes, a space, then the description."""
     return re.match(r"^(\[[^][]+\])+ +\S.*$", title) is not None
+
+
+def numstat(dest: Path, base: str) -> dict[str, tuple[int, int]]:
+    """path -> (lines added, lines removed) of the commit against the release."""
+    with open_repo(dest) as w:
+        out = run_git(w.git, "diff", "--numstat", "-z", base, "HEAD").stdout
+    stats = {}
+    for entry in out.split("\0"):
+        parts = entry.split("\t")
+        if len(parts) == 3 and parts[0].isdigit():
+            stats[parts[2]] = (int(parts[0]), int(parts[1]))
+    return stats
