@@ -229,6 +229,19 @@ def ai_statement(assisted_by: str) -> str:
             "\"Accountability\").")  # fmt: skip
 
 
+def stacked_on(proof: dict) -> str:
+    """Where the change goes upstream after others of ours: which, to send (and link) first."""
+    stack = proof.get("stack") or []
+    if not stack:
+        return ""
+    first = "; ".join(f"{s['title']} (`{k + 1:04d}-{s['change']}.patch`)"
+                      for k, s in enumerate(stack))  # fmt: skip
+    return (
+        f"\n\nStacked on {first}: its tests use what that pull request adds. Send it "
+        "first and link it here; this pull request's diff is its own commit alone."
+    )
+
+
 def pr_body(change: Change, template: str | None, proof: dict, assisted_by: str) -> str:
     purpose = why_for_upstream(change)
     repro = change.reproduction.strip()
@@ -236,7 +249,7 @@ def pr_body(change: Change, template: str | None, proof: dict, assisted_by: str)
     extra = [("Not a duplicate", duplicate_section(change, proof)),
              ("AI assistance", ai_statement(assisted_by))]  # fmt: skip
     sections = {
-        "overview": overview(change),
+        "overview": overview(change) + stacked_on(proof),
         "purpose": purpose,
         "claims": claims(proof),
         "validation": validation(proof),
@@ -287,7 +300,8 @@ def advisory(change: Change, release: str, name: str, policy: str, proof: dict,
         "## Summary", "", why_for_upstream(change), "",
         "## Reproduction", "", change.reproduction.strip() or "(see the tests)", "",
         "## Fix", "",
-        f"`{patch_name}` (one commit on {name} {release}, signed off; `git am` applies it).", "",
+        f"`{patch_name}` (one commit on {name} {release}, signed off; `git am` applies it)."
+        + stacked_on(proof), "",
         "## Validation", "", validation(proof), "",
         "## AI assistance", "", ai_statement(assisted_by), "",
     ])  # fmt: skip
