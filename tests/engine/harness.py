@@ -31,6 +31,7 @@ import pytest
 import tomlkit
 from vllm_overlay.envs import tritoncpu
 from vllm_overlay.envs.enginenv import EngineEnv
+from vllm_overlay.envs.testenv import TEST_TOOLS
 
 ENV_DIR = Path(__file__).resolve().parent / "env"
 PROBE = ENV_DIR / "probe"
@@ -257,6 +258,14 @@ RUNNER_VARIABLES = {
 }
 
 
+# What vLLM's tests/conftest.py needs beyond the engine's own packages, pinned as the test
+# environment pins them (envs/testenv.py).
+VLLM_TEST_TOOLS = tuple(
+    r for r in TEST_TOOLS
+    if r.split("==")[0] in ("pytest", "pytest-asyncio", "pytest-timeout", "tblib")
+)  # fmt: skip
+
+
 def engine_env(wheel: Path, label: str, device: str = "cpu", runner: str = "v1") -> RunnerEnv:
     """The engine environment of ``wheel`` for ``runner``, in the slot ``label`` ("ours",
     "without"; V2's on the CPU is an environment of its own, "<label>-v2"): a new build of
@@ -270,8 +279,10 @@ def engine_env(wheel: Path, label: str, device: str = "cpu", runner: str = "v1")
     if (device, runner) == ("cpu", "v2"):  # the tool writes it (the suite's environment too)
         extras.append(tritoncpu.write(REPO / ".work" / "engine-packages"))
         label = f"{label}-v2"
-    # hs-connectors beside our wheel, as speculators installs it into the vLLM environment.
-    env = ensure_engine_env(wheel, extras, requirements=[HS_CONNECTORS], label=label)
+    # hs-connectors beside our wheel, as speculators installs it into the vLLM environment;
+    # and vLLM's test tooling, for its tests that start the engine (test_vllm_tests.py).
+    env = ensure_engine_env(wheel, extras, requirements=[HS_CONNECTORS, *VLLM_TEST_TOOLS],
+                            label=label)  # fmt: skip
     fields = {f.name: getattr(env, f.name) for f in dataclasses.fields(env)}
     variables = RUNNER_VARIABLES[(device, runner)]
     return RunnerEnv(**fields, variables=variables, device=device, runner=runner)

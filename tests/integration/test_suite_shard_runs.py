@@ -161,7 +161,7 @@ def ci_files() -> list[str]:
 @pytest.mark.network
 @pytest.mark.timeout(3600)
 def test_real_ci_files_in_three_shards_merge_to_the_unsplit_verdict(cli, tmp_path):
-    """CI's files of vLLM's kv_connector suite (15 at 0.34.0), unsplit and in three shards (each with a
+    """CI's files of vLLM's kv_connector suite (14 at 0.34.0), unsplit and in three shards (each with a
     targeted baseline, as CI runs them), in this project: the same verdict and lists. Prints
     the times (make test-releases; the test environment comes from the shared cache)."""
     repo = Path(__file__).resolve().parents[2]

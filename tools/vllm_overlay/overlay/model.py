@@ -24,7 +24,7 @@ _REQUIRED = ("id", "title", "why", "origin", "files", "tests")
 _OPTIONAL = (
     "drop_when", "drop_condition", "origin_kind", "bugs", "supersedes", "authors", "notes",
     "upstream_tests", "runners", "forwarded", "upstream_status", "since", "security",
-    "reproduction", "upstream_after",
+    "reproduction", "upstream_after", "engine_tests",
 )  # fmt: skip
 # vLLM's model runners a change serves (``runners``): "v1" (gpu_model_runner.py and
 # cpu_model_runner.py, deleted in 0.34.0) and "v2" (vllm/v1/worker/gpu/, and its CPU subclass).
@@ -67,6 +67,10 @@ class Change:
     # Earlier changes of ours that upstream must take first: `vllm-overlay upstream` prepares
     # this one on top of them (a stacked pull request), e.g. tests that use a helper they add.
     upstream_after: tuple[str, ...] = ()
+    # vLLM tests of the change that start the engine (`LLM`, the OpenAI server): they need
+    # vLLM's compiled extension, so they run from our built wheel in the engine tests
+    # (tests/engine/test_vllm_tests.py), not on a source tree as `tests` do (path::test).
+    engine_tests: tuple[str, ...] = ()
 
     @property
     def ours(self) -> bool:
@@ -326,6 +330,7 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
                 security=bool(tbl.get("security", False)),
                 reproduction=tbl.get("reproduction", ""),
                 upstream_after=_upstream_after(tbl, [c.id for c in changes], where),
+                engine_tests=_engine_tests(tbl, files, where),
             )
         )
     history = data.get("dropped", [])
@@ -355,6 +360,20 @@ def _upstream_after(tbl: dict, earlier: list[str], where: str) -> tuple[str, ...
             "series; list only changes above this one in overlay.toml."
         )
     return after
+
+
+def _engine_tests(tbl: dict, files: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``engine_tests``: vLLM tests in the change's own files, as ``path::test``."""
+    tests = _str_list(tbl.get("engine_tests", []), f"{where}: `engine_tests`")
+    for t in tests:
+        path = t.split("::")[0]
+        check_relpath(path, f"{where}: `engine_tests`")
+        if path not in files:
+            raise OverlayConfigError(
+                f"{where}: `engine_tests` lists {t!r}, a file the change does not touch; "
+                "list it in `files` too."
+            )
+    return tests
 
 
 def load_overlay(overlay_dir: Path) -> Overlay:

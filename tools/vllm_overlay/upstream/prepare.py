@@ -193,29 +193,6 @@ def _bring_helpers(prep: Prepared, repo: Path, base: str, tree: dict[str, bytes]
         prep.notes.append(f"{helper}: a test helper {cid} adds; it comes along whole")
 
 
-def onto(clone: Path, prep: Prepared, below: Prepared | None) -> dict[str, bytes]:
-    """``prep.files`` as they go into ``clone``: where ``below`` (the commit under it, which
-    the hooks may have fixed since it was prepared) has the file too, the fixes are merged in."""
-    if below is None:
-        return dict(prep.files)
-    out = {}
-    for path, data in prep.files.items():
-        was = below.files.get(path)
-        now = show_bytes(clone, "HEAD", path)
-        if was is None or now is None or was == now:
-            out[path] = data
-            continue
-        merged, conflicts = merge_file(now, was, data, ("fixed", "prepared", prep.change.id))
-        if conflicts:
-            raise UpstreamError(
-                f"{path}: the release's hooks changed {below.change.id}'s lines where "
-                f"{prep.change.id} edits them; format {below.change.id}'s lines as the hooks "
-                "want (`vllm-overlay edit`, export), then run this again."
-            )
-        out[path] = merged
-    return out
-
-
 def leftovers(prep: Prepared, message: str) -> list[str]:
     """Every mention of our overlay left in the commit's files or message."""
     found = scrub.leftovers("commit message", message)

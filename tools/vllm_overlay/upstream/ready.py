@@ -184,7 +184,8 @@ def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: st
     prep_.clone(repo, base, clone, change.id)
     python = test_python or _hooks_python(clone, stage / "runs" / "hooks")
     stacked = _commit_stack(project, prep, clone, who, python, helper)
-    prep.files = prep_.onto(clone, prep, prep.stack[-1] if prep.stack else None)
+    # As prepared: where the hooks fixed the lines of a change below, they fix them here the
+    # same way (they run on this commit too), so its diff holds its own lines alone.
     prep_.write(clone, prep.files)
     date = _date(project, change.id)
     paths = sorted(prep.files)
@@ -212,6 +213,7 @@ def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: st
                                                                 if h.changed],
         "hooks_fixed_files": fixed, "brought": prep.brought, "notes": prep.notes,
         "security": change.security, "stack": stacked, "commit_files": paths,
+        "engine_tests": list(change.engine_tests),
         "assisted_by": helper,
     }  # fmt: skip
     final = {p: show_bytes(clone, "HEAD", p) or b"" for p in paths}  # the hooks' fixes in
@@ -276,9 +278,7 @@ def _commit_stack(project: Project, prep, clone: Path, who: tuple[str, str], pyt
     """The changes ``prep`` is stacked on, committed into ``clone`` in order, each with the
     release's hooks' fixes folded in (as its own preparation makes them)."""
     done = []
-    below = None
     for part in prep.stack:
-        part.files = prep_.onto(clone, part, below)
         prep_.write(clone, part.files)
         paths = sorted(part.files)
         title = f"{texts.prefix_for(part.change)} {part.change.title}"
@@ -288,7 +288,6 @@ def _commit_stack(project: Project, prep, clone: Path, who: tuple[str, str], pyt
         hooks_.run_hooks(clone, hooks_.select(clone, paths, python))
         fixed = prep_.amend_fixes(clone, paths, date, who)
         done.append({"change": part.change.id, "title": title, "hooks_fixed_files": fixed})
-        below = part
     return done
 
 
@@ -298,7 +297,8 @@ def _rules_facts(proof: dict, clone: Path, base: str, python: str, final: dict[s
     tests, the docs pages of the changed modules, the duplicate-work searches, the sizes."""
     steps = ci.load_steps(clone, python)
     code = [p for p in proof["commit_files"] if not p.startswith("tests/")]
-    sels = ci.select(steps, {t: final[t].decode(errors="replace") for t in proof["targets"]})
+    files = dict.fromkeys(t.split("::")[0] for t in proof["targets"])  # path, or path::test
+    sels = ci.select(steps, {f: final[f].decode(errors="replace") for f in files})
     proof["ci"] = {"steps_read": len(steps), "tests": [
         {**sel.to_json(), "steps": [{**j, "uncovered": ci.uncovered(st, code)}
                                     for (st, _r, _n), j in zip(sel.steps, sel.to_json()["steps"],

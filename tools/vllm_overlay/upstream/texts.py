@@ -88,7 +88,13 @@ def commit_message(change: Change, title: str, tests: list[str], identity: tuple
     if change.reproduction:
         body.append("Reproduction:\n\n" + _wrap(change.reproduction))
     if tests:
-        body.append("Tests: " + ", ".join(tests))
+        by_file: dict[str, list[str]] = {}
+        for t in tests:  # a path, or path::test
+            path, _, name = t.partition("::")
+            by_file.setdefault(path, []).append(name)
+        body.append("Tests: " + "; ".join(
+            f"{', '.join(n for n in names if n)} in {p}" if any(names) else p
+            for p, names in by_file.items()))  # fmt: skip
     body.append(f"{TRAILER}: {assisted_by}\nSigned-off-by: {identity[0]} <{identity[1]}>")
     return f"{title}\n\n" + "\n\n".join(body) + "\n"
 
@@ -158,13 +164,26 @@ def validation(proof: dict) -> str:
     """Both commands and their relevant output, the CI step, the hooks."""
     without_cmd, with_cmd = run_commands(proof)
     w, wo = proof["with"], proof["without"]
+    base = (
+        "the code as released"
+        if not proof.get("stack")
+        else "the code of the commit's parent, the pull request it is stacked on"
+    )
     lines = [f"From the root of vLLM's tree on this commit, in a {proof['release']} CPU test "
-             "environment:", "", "Without the fix (the code as released, this commit's tests):",
+             "environment:", "", f"Without the fix ({base}, this commit's tests):",
              ""]  # fmt: skip
     lines += _block("bash", without_cmd) + [""] + _block("text", wo.get("output") or
                                                           [wo["summary"]]) + [""]  # fmt: skip
     lines += ["With the fix:", ""] + _block("bash", with_cmd) + [""]
     lines += _block("text", w.get("output") or [w["summary"]]) + [""]
+    if proof.get("engine_tests"):
+        lines += [
+            "The regression test through `LLM` starts the engine, so it is not in the "
+            "runs above (a source tree, without vLLM's compiled extension); run it on a "
+            "build of this tree, without the fix and with it:",
+            "",
+        ]
+        lines += _block("bash", [f"{PYTEST} {' '.join(proof['engine_tests'])}"]) + [""]
     lines += [f"- {x}" if not x.startswith("  ") else x for x in ci_lines(proof)]
     lines.append(f"- {hooks_line(proof)}")
     return "\n".join(lines)
@@ -180,8 +199,12 @@ def claims(proof: dict) -> str:
     out = []
     for path, names in sorted(by_file.items()):
         listed = ", ".join(f"`{n}`" for n in sorted(names))
-        out.append(f"- {listed} (`{path}`) fail on {proof['release']} as released and pass "
-                   "with this change.")  # fmt: skip
+        where = (
+            f"on {proof['release']} as released"
+            if not proof.get("stack")
+            else "without this change (on the pull request it is stacked on)"
+        )
+        out.append(f"- {listed} (`{path}`) fail {where} and pass with this change.")
     both = proof["with"]["passed"] - len(failing)
     if both > 0:
         out.append(f"- {both} more test(s) of the same files pass on both: the behaviour the "
