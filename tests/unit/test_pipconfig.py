@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from vllm_overlay.envs.installer import Installer
 from vllm_overlay.index import pipconfig
 
