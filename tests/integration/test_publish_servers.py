@@ -408,3 +408,29 @@ def test_cli_runs_as_a_command(tmp_path: Path, wheels: Path, publish_env) -> Non
     )
     assert bad.returncode == 1
     assert bad.stderr.startswith("vllm-overlay publish: error: ")
+
+
+def test_one_publish_reads_pips_configuration_once(
+    wheels: Path, publish_cli, pypi: PyPI, credentials: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip's configuration (``pip config list``, a Python start each) is read once in a
+    publish of two wheels to a server, not once per setting: the index client's TLS and each
+    upload's twine options ask the same in-process reading."""
+    from vllm_overlay.index import pipconfig as reader
+
+    runs: list[tuple[str, ...]] = []
+    real = reader.run
+
+    def counting(*argv, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the real run, counted
+        if tuple(map(str, argv[1:4])) == ("-m", "pip", "config"):
+            runs.append(tuple(map(str, argv)))
+        return real(*argv, **kwargs)
+
+    monkeypatch.setattr(reader, "run", counting)
+    monkeypatch.setattr(reader, "_read", {})  # as in a new process
+    py3 = make_wheel(wheels, version="0.29.0+ovl.5.a")
+    abi3 = make_wheel(wheels, version="0.29.0+ovl.5.a", tag=REAL_TAG)
+    r = publish_cli(py3, abi3, "--to", pypi.url)
+    assert r.rc == 0, r.err
+    print(f"pip config list runs in one publish of two wheels: {len(runs)}")
+    assert len(runs) == 1

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import CID, pinned_project, tree_snapshot
 from synthetic import CONNECTOR, EXTRACT, make_upstream, release_files
-from vllm_overlay.overlay.importing import web_url
+from vllm_overlay.overlay.checkout import CheckoutState, checkout_state
+from vllm_overlay.overlay.importing import Request, continue_, import_change, web_url
+from vllm_overlay.overlay.project import Project
 
 AUTHOR = "Ada Lovelace <ada@example.invalid>"
 
@@ -454,3 +456,26 @@ def test_a_latin1_file_goes_through_import_byte_exact(project, cli, canonical, t
     assert b"+count = 2 \xa9\n" in patch and b" city = Mal\xe9\n" in patch
     fresh = assert_strict_apply(cli, project, tmp_path)
     assert (fresh / LATIN1).read_bytes() == want
+
+
+def test_import_is_one_call_that_returns_what_it_did(project, canonical):
+    """The library call the command wraps: a stopped import returns its conflicts and writes
+    nothing to the project; continue_ returns the files written; the checkout state is typed."""
+    proj = Project(project.root)
+    req = Request(checkout=canonical, from_release="1.2.0", paths=[CONNECTOR], id="rewrite",
+                  index_url=project.index.url)  # fmt: skip
+    out = import_change(proj, req)
+    assert out.stopped and out.meta.id == "rewrite" and not out.written
+    assert [(m.path, m.conflicted) for m in out.merged] == [(CONNECTOR, True)]
+    text = (canonical / CONNECTOR).read_text()
+    start, end = text.index("<<<<<<<"), text.index(">>>>>>>")
+    resolved = (
+        text[:start] + text[start:end].split("=======\n")[1] + text[text.index("\n", end) + 1 :]
+    )
+    (canonical / CONNECTOR).write_text(resolved)
+    done = continue_(proj)
+    assert not done.stopped and done.written == (f"rewrite/{CONNECTOR}.patch",)
+    state = checkout_state(canonical, proj.lock(), proj.overlay())
+    assert state == CheckoutState("matches", state.base, sh(canonical, "rev-parse", "HEAD").strip())
+    assert state.to_json() == {"exists": True, "state": "matches", "base": state.base,
+                               "head": state.head, "dirty_files": 0}  # fmt: skip

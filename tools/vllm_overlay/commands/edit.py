@@ -44,12 +44,12 @@ def run(args: argparse.Namespace) -> int:
     dest = checkout_of(args, project)
     lock = project.lock()
     state = checkout_state(dest, lock, overlay)
-    if state["state"] in ("missing", "stale", "matches"):
+    if state.state in ("missing", "stale", "matches"):
         apply_overlay(
             lock, overlay, dest, source=args.source, index_url=args.index_url,
             git_url=args.git_url,
         )  # fmt: skip
-    elif state["state"] == "edited":
+    elif state.state == "edited":
         print(f"{dest} already has edits; leaving them as they are.")
     print(f"checkout: {dest}")
     print("Edit files there, then run `vllm-overlay export` to write overlay/.")

@@ -10,6 +10,14 @@ from vllm_overlay import rebase
 from vllm_overlay.commands._options import add_checkout, add_index_url, add_source
 from vllm_overlay.errors import UsageError
 from vllm_overlay.overlay.project import find_project
+from vllm_overlay.rebase.reportdata import (
+    Aborted,
+    ChangeOutcome,
+    Noop,
+    Outcome,
+    Pin,
+    RebaseReport,
+)
 
 HELP = "move the overlay to a new vLLM release: keep, refresh, drop, or stop on a conflict"
 DESCRIPTION = """\
@@ -148,14 +156,14 @@ def run(args: argparse.Namespace) -> int:
             direct=args.direct,
         )
     if args.json:
-        print(json.dumps(rep, indent=2, sort_keys=True))
+        print(json.dumps(rep.to_json(), indent=2, sort_keys=True))
     else:
         print(render(rep))
-    if rep["status"] == "stopped":
-        s = rep["stopped_at"]
+    if isinstance(rep, RebaseReport) and rep.stopped_at is not None:
+        s = rep.stopped_at
         print(
-            f"vllm-overlay rebase: stopped ({s['state']}"
-            + (f" at change {s['id']}" if s["id"] else "")
+            f"vllm-overlay rebase: stopped ({s.state}"
+            + (f" at change {s.id}" if s.id else "")
             + "); see above for what to do.",
             file=sys.stderr,
         )
@@ -163,94 +171,81 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(rep: dict) -> str:
+def render(rep: Outcome) -> str:
     """The report for people: one screen."""
-    if rep["status"] == "noop":
-        return rep["message"]
-    if rep["status"] == "aborted":
+    if isinstance(rep, Noop):
+        return rep.message
+    if isinstance(rep, Aborted):
         return (
-            f"rebase aborted: upstream.lock, overlay/ and {rep['checkout']} are back at "
-            f"{rep['from']['version']}."
+            f"rebase aborted: upstream.lock, overlay/ and {rep.checkout} are back at "
+            f"{rep.from_version}."
         )
-    to = rep["to"]
-    head = f"rebase {to['name']} {rep['from']['version']} -> {to['version']}"
-    lines = []
-    if len(rep["path"]) > 1:
-        head += f" (walked {' -> '.join(rep['path'])})"
-    if rep["status"] == "complete":
-        lines.append(f"{head}: complete")
-    elif rep["stopped_at"]["state"] == rebase.STOP_COMMIT:
-        lines.append(f"{head}: STOPPED before writing the new pin (commit-unknown)")
+    assert isinstance(rep, RebaseReport)
+    to, stop = rep.to, rep.stopped_at
+    head = f"rebase {to.name} {rep.from_version} -> {to.version}"
+    if len(rep.path) > 1:
+        head += f" (walked {' -> '.join(rep.path)})"
+    if stop is None:
+        lines = [f"{head}: complete"]
+    elif stop.state == rebase.STOP_COMMIT:
+        lines = [f"{head}: STOPPED before writing the new pin (commit-unknown)"]
     else:
-        s = rep["stopped_at"]
-        lines.append(f"{head}: STOPPED at change {s['id']} on {to['name']} {s['release']} "
-                     f"({s['state']})")  # fmt: skip
-    for c in rep["changes"]:
+        lines = [f"{head}: STOPPED at change {stop.id} on {to.name} {stop.release} "
+                 f"({stop.state})"]  # fmt: skip
+    for c in rep.changes:
         lines += _render_change(c)
-    for c in rep.get("waited", []):
-        lines.append(f"  not asked: {c['id']} at {c['release']} ({c['met']}): {c['reason']}")
-    proofs = rep.get("proof_releases") or {}
-    if proofs:
+    for w in rep.waited:
+        lines.append(f"  not asked: {w.id} at {w.release} ({w.met}): {w.reason}")
+    if rep.proof_releases:
         lines.append("test environments (proofs): " + ", ".join(
-            f"{r} {s:.0f} s" for r, s in sorted(proofs.items())))  # fmt: skip
-    lines += [f"note: {n}" for n in rep.get("notes", [])]
-    if rep["status"] == "complete":
+            f"{r} {s:.0f} s" for r, s in sorted(rep.proof_releases.items())))  # fmt: skip
+    lines += [f"note: {n}" for n in rep.notes]
+    if stop is None:
         lines += _render_pin(to)
-        rev = rep["revision"]
-        if rev["from"] != rev["to"]:
-            lines.append(f"overlay revision {rev['from']} -> {rev['to']}")
-        wrote = ", ".join(rep["written"] + [f"removed {p}" for p in rep["removed"]])
+        if rep.revision and rep.revision[0] != rep.revision[1]:
+            lines.append(f"overlay revision {rep.revision[0]} -> {rep.revision[1]}")
+        wrote = ", ".join([*(rep.written or ()), *[f"removed {p}" for p in rep.removed]])
         lines.append(f"wrote {wrote}")
-        lines.append(f"checkout {rep['checkout']}: {to['version']} + the overlay")
+        lines.append(f"checkout {rep.checkout}: {to.version} + the overlay")
     else:
-        lines.append(f"checkout: {rep['checkout']}")
-        lines += ["next: " + s for s in rep["stopped_at"]["next_steps"]]
+        lines.append(f"checkout: {rep.checkout}")
+        lines += ["next: " + s for s in stop.next_steps]
     return "\n".join(lines)
 
 
-def _render_change(c: dict) -> list[str]:
-    state = c["state"]
-    out = [f"  {state:11} {c['id']}"]
+def _render_change(c: ChangeOutcome) -> list[str]:
+    state = c.state
+    out = [f"  {state:11} {c.id}"]
     if state == rebase.DROPPED:
-        out[0] += f" at {c['release']}: {c['reason']}"
-        out.append(f"              proof: {c['proof']}")
-        if c.get("pull_request"):
-            out.append(f"              came back through {c['pull_request']}")
+        out[0] += f" at {c.release}: {c.reason}"
+        out.append(f"              proof: {c.proof}")
+        if c.pull_request:
+            out.append(f"              came back through {c.pull_request}")
     elif state in (rebase.KEPT, rebase.REFRESHED, rebase.RESOLVED, rebase.RECORD):
-        extra = []
-        if c.get("renamed"):
-            extra.append("moved " + ", ".join(f"{a} -> {b}" for a, b in c["renamed"].items()))
-        if c.get("removed_files"):
-            extra.append("no longer touches " + ", ".join(c["removed_files"]))
-        if c.get("added_files"):
-            extra.append("now also touches " + ", ".join(c["added_files"]))
-        if extra:
-            out[0] += " (" + "; ".join(extra) + ")"
-        if c.get("unproven"):
+        if c.renamed:
+            out[0] += " (moved " + ", ".join(f"{a} -> {b}" for a, b in c.renamed.items()) + ")"
+        if c.unproven:
             out.append(
-                f"              UNPROVEN at {', '.join(c['unproven'])}: its resolution "
+                f"              UNPROVEN at {', '.join(c.unproven)}: its resolution "
                 "was recorded though the change's tests failed with it (--unproven)"
             )
     elif state == rebase.STOP_TESTS:
-        proof = c.get("test_run") or {}
-        out[0] += f" at {c.get('release')}: {c.get('reason')}"
-        out.append(f"              its tests did not prove the drop: {proof.get('text', '')}")
-        for run_ in (proof.get("runs") or {}).values():
-            if run_.get("first_error"):
-                out.append(f"              first error: {run_['first_error']}")
+        out[0] += f" at {c.release}: {c.reason}"
+        out.append("              its tests did not prove the drop: "
+                   + (c.test_run.text if c.test_run else ""))  # fmt: skip
+        runs = c.test_run.runs.values() if c.test_run else ()
+        out += [f"              first error: {r.first_error}" for r in runs if r.first_error]
     elif state in rebase.STOP_KINDS:
-        for p in c["problems"]:
-            out.append(f"              {p['path']}: {p['kind']}: {p['detail']}")
-        for n in c.get("notes", []):
-            out.append(f"              note: {n}")
+        out += [f"              {p.path}: {p.kind}: {p.detail}" for p in c.problems]
+        out += [f"              note: {n}" for n in c.notes]
     return out
 
 
-def _render_pin(to: dict) -> list[str]:
-    lines = [f"new pin: {to['name']} {to['version']} (tag {to['tag']}, commit {to['commit']})"]
-    for a in to["artifacts"]:
-        lines.append(f"  {a['kind']:5} {a['filename']} sha256 {a['sha256']} ({a['size']} bytes)")
-    variants = "; ".join(f"{v} ({', '.join(p)})" for v, p in to.get("variants", {}).items())
+def _render_pin(to: Pin) -> list[str]:
+    lines = [f"new pin: {to.name} {to.version} (tag {to.tag}, commit {to.commit})"]
+    for a in to.artifacts:
+        lines.append(f"  {a.kind:5} {a.filename} sha256 {a.sha256} ({a.size} bytes)")
+    variants = "; ".join(f"{v} ({', '.join(p)})" for v, p in to.variants.items())
     lines.append(f"  official wheels: {variants or 'none'}")
-    lines.append(f"  built from source here: {to.get('built_from_source', 'none')}")
+    lines.append(f"  built from source here: {to.built_from_source}")
     return lines

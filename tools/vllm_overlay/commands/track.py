@@ -91,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         build_python=args.build_python,
     )
     if args.json:
-        print(json.dumps(rep, indent=2, sort_keys=True))
+        print(json.dumps(rep.to_json(), indent=2, sort_keys=True))
     else:
-        print(Path(rep["report"]["md"]).read_text(), end="")
-        print(f"(written to {rep['report']['md']} and {rep['report']['json']})")
+        files = rep.files or {}
+        print(Path(files["md"]).read_text(), end="")
+        print(f"(written to {files['md']} and {files['json']})")
     return exit_code(rep)

@@ -4,7 +4,8 @@ and pip's TLS settings (``cert``: the CA bundle; ``client-cert``: one PEM with t
 
 No index host is written here: the index is --index-url, else what pip is configured with
 (PIP_INDEX_URL, pip.conf), else pip's own default, asked from the installed pip. pip's
-configuration is read here and only here (``pip_setting``; the installer passes it on to uv).
+configuration is read by ``index/pipconfig.py`` (``pip_setting``, once per process; the
+installer passes it on to uv).
 Every URL that reaches a message goes through ``auth.redact``.
 """
 
@@ -14,9 +15,7 @@ import base64
 import html.parser
 import json
 import os
-import re
 import ssl
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -36,7 +35,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import IndexAuthError, IndexError_
 from vllm_overlay.index.auth import Auth, Credentials, host_key, redact, split_userinfo
-from vllm_overlay.process import run
+from vllm_overlay.index.pipconfig import SECTIONS, pip_config, pip_setting
 
 JSON_CT = "application/vnd.pypi.simple.v1+json"
 ACCEPT = f"{JSON_CT}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -44,7 +43,6 @@ TIMEOUT = 60.0
 MAX_REDIRECTS = 10
 FETCH_HINT = "Check --index-url / PIP_INDEX_URL (or pip.conf)"
 # pip.conf sections, strongest first (pip: environment, then the command's, then global)
-_SECTIONS = (":env:", "download", "install", "global")
 
 
 @dataclass(frozen=True)
@@ -69,33 +67,6 @@ def normalize(name: str) -> str:
     return canonicalize_name(name)
 
 
-def _pip_config() -> dict[str, str]:
-    """pip's configuration as `section.key` -> value (pip config list)."""
-    out = run(sys.executable, "-m", "pip", "config", "list", check=False)
-    conf: dict[str, str] = {}
-    for line in out.stdout.splitlines():
-        m = re.match(r"^([^=]+)=(.*)$", line.strip())
-        if not m:
-            continue
-        val = m.group(2).strip()
-        if len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
-            val = val[1:-1]
-        conf[m.group(1).strip()] = val
-    return conf
-
-
-def pip_setting(key: str) -> str:
-    """A pip setting as pip reads it: PIP_<KEY>, else pip's configuration files ("" if unset)."""
-    env = os.environ.get("PIP_" + key.upper().replace("-", "_"))
-    if env is not None:
-        return env
-    conf = _pip_config()
-    for section in _SECTIONS:
-        if f"{section}.{key}" in conf:
-            return conf[f"{section}.{key}"]
-    return ""
-
-
 def _pip_default_index() -> str:
     try:
         from pip._internal.models.index import PyPI  # pip's own default, not a literal here
@@ -114,10 +85,10 @@ def configured_index_urls(explicit: str | None = None) -> list[str]:
         return [explicit]
     env_primary = os.environ.get("PIP_INDEX_URL")
     env_extra = os.environ.get("PIP_EXTRA_INDEX_URL")
-    conf = _pip_config() if not env_primary else {}
+    conf = pip_config() if not env_primary else {}
     primary = env_primary
     extras: list[str] = []
-    for section in _SECTIONS:
+    for section in SECTIONS:
         if primary is None and f"{section}.index-url" in conf:
             primary = conf[f"{section}.index-url"]
         if f"{section}.extra-index-url" in conf and not extras:

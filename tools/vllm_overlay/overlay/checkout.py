@@ -234,14 +234,41 @@ def export_checked(lock: Lock, overlay: Overlay, dest: Path, *, check: bool) -> 
     return export_overlay(lock, overlay, dest, check=check)
 
 
-def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object]:
-    """How a checkout relates to the overlay on disk (for status and edit)."""
+@dataclass(frozen=True)
+class CheckoutState:
+    """How a checkout relates to the overlay on disk: ``state`` is missing, foreign (not a
+    checkout of ours), edited (uncommitted edits or new commits: run export), stale (the
+    overlay changed: run apply) or matches; a checkout of ours also says its base, HEAD and
+    how many files are uncommitted."""
+
+    state: str
+    base: str | None = None
+    head: str | None = None
+    dirty_files: int = 0
+
+    @property
+    def exists(self) -> bool:
+        return self.state != "missing"
+
+    @property
+    def ours(self) -> bool:
+        return self.state not in ("missing", "foreign")
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"exists": self.exists, "state": self.state}
+        if self.ours:
+            out |= {"base": self.base, "head": self.head, "dirty_files": self.dirty_files}
+        return out
+
+
+def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> CheckoutState:
+    """How a checkout relates to the overlay on disk (for status, edit, import, rebase)."""
     from vllm_overlay.overlay.export import export_overlay
 
     if not dest.exists():
-        return {"exists": False, "state": "missing"}
+        return CheckoutState("missing")
     if not is_checkout(dest):
-        return {"exists": True, "state": "foreign"}
+        return CheckoutState("foreign")
     with open_repo(dest) as repo:
         applied = rev_parse(repo, APPLIED_REF)
         head = rev_parse(repo, "HEAD")
@@ -255,10 +282,4 @@ def checkout_state(dest: Path, lock: Lock, overlay: Overlay) -> dict[str, object
         except OverlayError:
             differs = True
         state = "stale" if differs else "matches"  # stale: the overlay changed; run apply
-    return {
-        "exists": True,
-        "state": state,
-        "base": base,
-        "head": head,
-        "dirty_files": len(dirty),
-    }
+    return CheckoutState(state, base, head, len(dirty))

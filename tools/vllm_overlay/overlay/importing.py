@@ -1,24 +1,20 @@
 """vllm-overlay import: start a change from upstream work, by a real three-way merge onto the
-series in the checkout.
+series in the checkout, as one call (``import_change``; ``continue_`` and ``abort`` after a
+stop).
 
 Sources: a format-patch/mbox file (a pull request's ``.patch``, read by overlay/mbox.py), or
 the upstream diff of some paths between the pin and a later release (both trees made from the
 release sdists on the index by pin/, so it works offline).
 
-Per file, the change is merged onto the file as the series leaves it (``ours``):
-
-- a patch that applies to ``ours`` as it is (``git apply``: exact context, no fuzz) is applied;
-- otherwise a base it applies to is looked for: the file an earlier mail of the same import
-  produced, the blob the diff names in its ``index`` line (when the checkout has it), or the
-  file in ``--base-release``; ``git merge-file --diff3`` then merges base -> theirs into ours;
-- a release import merges pin -> release into ours the same way.
-
-Everything is computed in memory first; a file no base can be found for stops the import with
-nothing written. A merge with conflicts writes the files (diff3 markers) into the checkout and
-stops; ``--continue`` commits the person's resolution, ``--abort`` puts the checkout back.
-Only a finished import writes overlay/ (the new change's directory), upstream.lock ([base]
-of new paths) and overlay.toml (the change appended last, revision bumped), after checking
-that the strict apply of the whole series gives the checkout's tree.
+``import_change`` checks the request (what to import, the new change's id and fields), brings
+the checkout to the series (apply, unless it matches; refused with edits not in overlay/),
+merges in memory (``overlay/importmerge.py``: nothing is written when a file has no base),
+and writes the merge into the checkout. A merge with conflicts stops there (diff3 markers in
+the checkout, the state in ``.work/import/``); ``continue_`` commits the person's resolution,
+``abort`` puts the checkout back. Only a finished import writes overlay/ (the new change's
+directory), upstream.lock ([base] of new paths) and overlay.toml (the change appended last,
+revision bumped), after checking that the strict apply of the whole series gives the
+checkout's tree.
 """
 
 from __future__ import annotations
@@ -26,65 +22,65 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
-import urllib.error
-import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_overlay.errors import ChangeImportError, OverlayError
-from vllm_overlay.gitrepo import (
-    apply_patch,
-    blob_bytes,
-    config_set,
-    git,
-    merge_file,
-    opened,
-    rev_parse,
-    show_bytes,
-    uncommitted,
-)
+from vllm_overlay.errors import ChangeImportError, OverlayError, UsageError
+from vllm_overlay.gitrepo import config_set, git, opened, rev_parse, show_bytes, uncommitted
 from vllm_overlay.overlay import history
-from vllm_overlay.overlay.checkout import APPLIED_REF, change_message
+from vllm_overlay.overlay.checkout import (
+    APPLIED_REF,
+    apply_overlay,
+    change_message,
+    checkout_state,
+)
 from vllm_overlay.overlay.export import expected_overlay
-from vllm_overlay.overlay.mbox import FileDiff, PatchSeries
-from vllm_overlay.overlay.model import CONFIG_NAME, overlay_digest, parse_overlay, safe_join
+from vllm_overlay.overlay.importmerge import Merged, merge_patch, merge_release, release_paths
+from vllm_overlay.overlay.importsource import (
+    Meta,
+    Request,
+    patch_meta,
+    read_series,
+    release_meta,
+    web_url,
+)
+from vllm_overlay.overlay.mbox import PatchSeries
+from vllm_overlay.overlay.model import (
+    CONFIG_NAME,
+    ID_RE,
+    Overlay,
+    check_upstream_tests,
+    overlay_digest,
+    parse_overlay,
+    safe_join,
+)
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.overlay.series import final_tree, plan_series
 from vllm_overlay.pin.lockfile import Lock, base_hash, write_lock
+from vllm_overlay.pin.pinning import release_tree
 from vllm_overlay.pin.trees import BASE_REF
 from vllm_overlay.util import atomic_write_bytes, atomic_write_text, info
 
 FORMAT = 1
 _MARKER_RE = re.compile(rb"^(<<<<<<<|>>>>>>>)( |$)", re.MULTILINE)
-FETCH_TIMEOUT = 20
 
 
-@dataclass
-class Meta:
-    """What the new [[change]] says about itself."""
+@dataclass(frozen=True)
+class Outcome:
+    """An import: its files as merged; ``stopped`` on conflicts (the person resolves them in
+    ``checkout``, then ``continue_``), else the overlay files written."""
 
-    id: str
-    title: str
-    why: str
-    origin: str
-    drop_when: str
-    tests: list[str] | None = None  # None: the test files the change touches
-    authors: list[str] = field(default_factory=list)
-    # None: the test files (tests/**/test_*.py) the imported upstream diff adds or changes
-    upstream_tests: list[str] | None = None
-
-
-@dataclass
-class Merged:
-    path: str
-    content: bytes
-    conflicted: bool
-    how: str
+    meta: Meta
+    checkout: Path
+    merged: tuple[Merged, ...] = ()
+    stopped: bool = False
+    written: tuple[str, ...] = ()
 
 
 @dataclass
 class State:
+    """A stopped import, saved in ``.work/import/state.json``."""
+
     checkout: str
     pre_head: str
     meta: Meta
@@ -110,202 +106,83 @@ def refuse_during_import(project: Project, verb: str) -> None:
         )
 
 
-def web_url(git_url: str) -> str | None:
-    """``https://host/owner/repo`` for an http(s) git URL, else None."""
-    if not re.match(r"^https?://", git_url):
-        return None
-    return git_url.rstrip("/").removesuffix(".git")
-
-
-def fetch_pr(git_url: str, number: int) -> tuple[str, str]:
-    """(the pull request's .patch text, its URL) from the git host; one clear error if it
-    cannot be reached."""
-    web = web_url(git_url)
-    if web is None:
-        raise ChangeImportError(
-            f"--pr needs an http(s) git URL to find the pull request, and upstream.lock's is "
-            f"{git_url}. Pass --git-url https://HOST/OWNER/REPO.git, or download the .patch and "
-            "use --patch FILE."
-        )
-    url = f"{web}/pull/{number}.patch"
-    req = urllib.request.Request(url, headers={"User-Agent": "vllm-overlay"})
-    try:
-        with urllib.request.urlopen(req, timeout=FETCH_TIMEOUT) as resp:
-            data = resp.read()
-    except urllib.error.HTTPError as e:
-        raise ChangeImportError(
-            f"{url} answered HTTP {e.code} ({e.reason}): is #{number} a pull request of "
-            f"{web}? Nothing was written."
-        ) from e
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise ChangeImportError(
-            f"cannot fetch {url}: {reason}. The git host is not reachable from here; nothing "
-            "was written. Download the pull request's .patch where it is reachable and run "
-            "`vllm-overlay import --patch FILE`, or pass --git-url for a reachable mirror."
-        ) from e
-    return data.decode("utf-8", errors="surrogateescape"), url
-
-
 # ---------------------------------------------------------------------------------------------
-# Merging (in memory)
+# The one call
 
 
-def _apply_one(data: bytes | None, fd: FileDiff) -> bytes | None:
-    """``fd`` applied to ``data`` by ``git apply`` (exact context, no fuzz), or None."""
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-import-") as tmp:
-        root = Path(tmp, "t")
-        target = safe_join(root, fd.path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if data is not None:
-            target.write_bytes(data)
-        patch = fd.text.encode(errors="surrogateescape")  # the mail's bytes, as they came
-        if not apply_patch(patch, root, "--whitespace=nowarn") or not target.is_file():
-            return None
-        return target.read_bytes()
-
-
-def merge_patch(
-    series: PatchSeries, checkout: Path, base_release: tuple[str, Path, str] | None
-) -> list[Merged]:
-    """Each file diff of ``series`` merged onto the checkout's HEAD, in order."""
-    cur: dict[str, bytes | None] = {}
-    done: dict[str, Merged] = {}
-    prev_theirs: dict[str, bytes] = {}
-    for fd in series.files:
-        if fd.path not in cur:
-            cur[fd.path] = show_bytes(checkout, "HEAD", fd.path)
-        ours = cur[fd.path]
-        m = _merge_one(fd, ours, checkout, prev_theirs.get(fd.path), base_release)
-        if fd.path in done and done[fd.path].conflicted:
-            raise ChangeImportError(
-                f"{fd.path}: a later commit of the patch changes it again after a conflicted "
-                "merge; import the commits one at a time (split the mbox)."
-            )
-        cur[fd.path] = m.content
-        done[fd.path] = m
-        theirs = _theirs_after(fd, ours, prev_theirs.get(fd.path))
-        if theirs is not None:
-            prev_theirs[fd.path] = theirs
-    return list(done.values())
-
-
-def _theirs_after(fd: FileDiff, ours: bytes | None, prev: bytes | None) -> bytes | None:
-    for base in (prev, ours):
-        if base is not None or fd.new_file:
-            got = _apply_one(base, fd)
-            if got is not None:
-                return got
-    return None
-
-
-def _merge_one(
-    fd: FileDiff,
-    ours: bytes | None,
-    checkout: Path,
-    prev: bytes | None,
-    base_release: tuple[str, Path, str] | None,
-) -> Merged:
-    if fd.new_file:
-        theirs = _apply_one(None, fd)
-        if theirs is None:
-            raise ChangeImportError(f"the patch's new file {fd.path} does not apply to nothing.")
-        if ours is None:
-            return Merged(fd.path, theirs, False, "added")
-        content, conflicts = merge_file(ours, b"", theirs, ("series", "absent", "import"))
-        return Merged(fd.path, content, conflicts > 0, "added, but the series already has it")
-    if ours is None:
+def import_change(project: Project, req: Request) -> Outcome:
+    """Import ``req`` as a new change at the end of the series; stops on conflicts."""
+    _check(req)
+    refuse_during_import(project, "import")
+    lock, overlay = project.lock(), project.overlay()
+    git_url = req.git_url or lock.upstream.git
+    web = web_url(git_url)
+    series = None if req.from_release else read_series(req, git_url)
+    meta = release_meta(req, lock, web) if series is None else patch_meta(req, series, web)
+    _check_id(meta.id, overlay)
+    state = checkout_state(req.checkout, lock, overlay)
+    if state.state == "edited":
         raise ChangeImportError(
-            f"the patch changes {fd.path}, which neither the pinned upstream nor the series "
-            "has. Nothing was written; check the patch (or the pin)."
+            f"{req.checkout} has edits that are not in overlay/ (uncommitted changes or new "
+            "commits); an import starts from the series as exported. `vllm-overlay export` "
+            "them (or discard them), then import again. Nothing was written."
         )
-    direct = _apply_one(ours, fd)
-    if direct is not None:
-        return Merged(fd.path, direct, False, "applied")
-    bases: list[tuple[str, bytes]] = []
-    if prev is not None:
-        bases.append(("the previous commit of the patch", prev))
-    if fd.pre_blob:
-        data = blob_bytes(checkout, fd.pre_blob)
-        if data is not None:
-            bases.append((f"blob {fd.pre_blob}", data))
-    if base_release is not None:
-        version, repo, rev = base_release
-        data = show_bytes(repo, rev, fd.path)
-        if data is not None:
-            bases.append((f"{fd.path} of {version}", data))
-    for name, base in bases:
-        theirs = _apply_one(base, fd)
-        if theirs is None:
-            continue
-        content, conflicts = merge_file(ours, base, theirs, ("series", name, "import"))
-        return Merged(fd.path, content, conflicts > 0, f"three-way merge over {name}")
-    tried = ", ".join(n for n, _ in bases) or "none"
-    blob = (
-        "names no blob it was written against"
-        if not fd.pre_blob
-        else f"was written against blob {fd.pre_blob}, which the checkout "
-        + ("has but the patch does not apply to" if any(n.startswith("blob") for n, _ in bases)
-           else "does not have")
-    )  # fmt: skip
-    raise ChangeImportError(
-        f"the patch of {fd.path} does not apply to the file as the series leaves it, and no "
-        f"base for a three-way merge takes it (bases tried: {tried}; the patch {blob}). "
-        "Nothing was written. Pass --base-release VERSION: a release whose "
-        f"{fd.path} the patch applies to (its sdist is the merge base)."
-    )
+    if state.state != "matches":
+        apply_overlay(lock, overlay, req.checkout, source=req.source, git_url=req.git_url,
+                      index_url=req.index_url)  # fmt: skip
+    merged = _merge(req, lock, series)
+    st = _write(project, req.checkout, meta, merged)
+    if st.conflicted:
+        return Outcome(meta, req.checkout, tuple(merged), stopped=True)
+    return Outcome(meta, req.checkout, tuple(merged), written=tuple(finish(project, lock, st)))
 
 
-def merge_release(
-    checkout: Path, paths: list[str], version: str, repo: Path, rev: str
-) -> list[Merged]:
-    """pin -> ``version`` of each path, merged onto the checkout's HEAD."""
-    out = []
-    for path in paths:
-        pinned = show_bytes(checkout, BASE_REF, path)
-        theirs = show_bytes(repo, rev, path)
-        ours = show_bytes(checkout, "HEAD", path)
-        if theirs is None:
-            what = "deletes" if pinned is not None else "does not have"
-            raise ChangeImportError(
-                f"release {version} {what} {path}; an overlay change patches and adds files "
-                "only. Leave it out of --paths; nothing was written."
-            )
-        if pinned == theirs:
-            continue
-        if ours is None:
-            out.append(Merged(path, theirs, False, f"added from {version}"))
-            continue
-        content, conflicts = merge_file(
-            ours, pinned or b"", theirs, ("series", "pin", f"release {version}")
+def continue_(project: Project) -> Outcome:
+    """Finish a stopped import with the person's resolution."""
+    st = load_state(project)
+    written = finish(project, project.lock(), st)
+    return Outcome(st.meta, Path(st.checkout), written=tuple(written))
+
+
+def _check(req: Request) -> None:
+    if req.patch is None and req.pr is None and req.from_release is None:
+        raise UsageError(
+            "pass --patch FILE, --pr N or --from-release VERSION (or --continue/--abort)"
         )
-        out.append(Merged(path, content, conflicts > 0, f"three-way merge pin -> {version}"))
-    if not out:
-        raise ChangeImportError(
-            f"{', '.join(paths)}: the same in the pin and in {version}; nothing to import."
-        )
-    return out
+    if req.paths and not req.from_release:
+        raise UsageError("--paths goes with --from-release")
+    if req.upstream_tests:
+        check_upstream_tests(req.upstream_tests, "--upstream-tests")
 
 
-def release_paths(checkout: Path, repo: Path, rev: str, paths: list[str]) -> list[str]:
-    """Files under each of ``paths`` (a file or a directory) in the pin or the release."""
-    found: list[str] = []
-    for p in paths:
-        here = git("ls-tree", "-r", "-z", "--name-only", BASE_REF, "--", p, cwd=checkout)
-        there = git("ls-tree", "-r", "-z", "--name-only", rev, "--", p, cwd=repo)
-        names = {n for n in (here.stdout + "\0" + there.stdout).split("\0") if n}
-        if not names:
-            raise ChangeImportError(f"{p} is in neither the pinned tree nor the release.")
-        found += sorted(n for n in names if n not in found)
-    return found
+def _check_id(cid: str, overlay: Overlay) -> None:
+    if not ID_RE.match(cid):
+        raise UsageError(f"--id must be kebab-case (lowercase letters, digits, '-'), got {cid!r}")
+    if any(c.id == cid for c in overlay.changes):
+        raise UsageError(f"overlay.toml already has a change {cid!r}; pass another --id")
+
+
+def _merge(req: Request, lock: Lock, series: PatchSeries | None) -> list[Merged]:
+    """The upstream work merged onto the checkout's HEAD, in memory."""
+    name = lock.upstream.name
+    if series is None:
+        assert req.from_release is not None and req.paths
+        _, repo, rev = release_tree(name, req.from_release, index_url=req.index_url)
+        paths = release_paths(req.checkout, repo, rev, req.paths)
+        return merge_release(req.checkout, paths, req.from_release, repo, rev)
+    base = None
+    if req.base_release:
+        _, repo, rev = release_tree(name, req.base_release, index_url=req.index_url)
+        base = (req.base_release, repo, rev)
+    return merge_patch(series, req.checkout, base)
 
 
 # ---------------------------------------------------------------------------------------------
 # The checkout
 
 
-def start(project: Project, checkout: Path, meta: Meta, merged: list[Merged]) -> State:
-    """Write the merge into the (clean) checkout; commit and finish when it is clean."""
+def _write(project: Project, checkout: Path, meta: Meta, merged: list[Merged]) -> State:
+    """Write the merge into the (clean) checkout; on conflicts, save the state to continue."""
     pre = rev_parse(checkout, "HEAD") or ""
     state = State(
         checkout=str(checkout),
@@ -367,52 +244,17 @@ def markers_left(checkout: Path, paths: list[str]) -> list[str]:
 def finish(project: Project, lock: Lock, st: State) -> list[str]:
     """Commit the import as the new change and write overlay/, upstream.lock, overlay.toml.
     Returns the overlay-relative files written."""
-    co = Path(st.checkout)
-    head = rev_parse(co, "HEAD")
-    if head != st.pre_head:
-        if git("merge-base", "--is-ancestor", st.pre_head, head or "", cwd=co, check=False).returncode:
-            raise ChangeImportError(
-                f"HEAD of {co} moved off the import ({(head or '')[:12]}); check out "
-                f"{st.pre_head[:12]} plus your resolution again, or `vllm-overlay import --abort`."
-            )
-        git("reset", "-q", "--soft", st.pre_head, cwd=co)  # fold the person's commits in
-    left = markers_left(co, st.paths)
-    if left:
-        raise ChangeImportError(
-            "conflict markers (<<<<<<< or >>>>>>>) are still in:\n"
-            + "\n".join("    " + p for p in left)
-            + "\nEdit them away, then run `vllm-overlay import --continue` again."
-        )
-    git("add", "-f", "--", *st.paths, cwd=co)
-    with opened(co) as repo:
-        other = [e for e in uncommitted(repo) if e[3:] not in st.paths]
-    if other:
-        raise ChangeImportError(
-            f"{co} has changes outside the import's files:\n"
-            + "\n".join("    " + e for e in other[:20])
-            + "\nRevert them (they belong to no change), then `vllm-overlay import --continue`."
-        )
-    changed = [p for p in git("diff", "--cached", "--name-only", "-z", cwd=co).stdout.split("\0") if p]
-    if not changed:
-        raise ChangeImportError(
-            "the import leaves the checkout's tree as it was: there is nothing to record. "
-            "`vllm-overlay import --abort`."
-        )
-    m = st.meta
-    tests = m.tests if m.tests is not None else [p for p in changed if _is_test(p)]
-    fields = {
-        "id": m.id, "title": m.title, "why": m.why, "origin": m.origin, "origin_kind": "backport",
-        "authors": m.authors, "drop_when": m.drop_when, "since": lock.upstream.version,
-        "files": changed, "tests": tests,
-        "upstream_tests": m.upstream_tests if m.upstream_tests is not None
-        else upstream_tests(st.paths),
-    }  # fmt: skip
+    co, m = Path(st.checkout), st.meta
+    changed = _staged(co, st)
     cfg = project.overlay_dir / CONFIG_NAME
-    new_text = history.add_change(cfg.read_text(), fields)
+    new_text = history.add_change(cfg.read_text(), _fields(m, lock, changed, st.paths))
     new_overlay = parse_overlay(new_text, project.overlay_dir)
     change = new_overlay.change(m.id)
     new_lock = lock.with_base(
-        {**lock.base, **{p: base_hash(show_bytes(co, BASE_REF, p)) for p in changed if p not in lock.base}}
+        {
+            **lock.base,
+            **{p: base_hash(show_bytes(co, BASE_REF, p)) for p in changed if p not in lock.base},
+        }
     )
     git("commit", "-q", "--no-verify", "-m", change_message(change), cwd=co)
     try:
@@ -443,6 +285,58 @@ def finish(project: Project, lock: Lock, st: State) -> list[str]:
         shutil.rmtree(sf.parent)
     info(f"import: change {m.id} recorded as {(rev_parse(co, 'HEAD') or '')[:12]}")
     return written
+
+
+def _staged(co: Path, st: State) -> list[str]:
+    """Stage the person's resolution (their commits folded in) and return the files the
+    import changes; refused with markers left, or edits outside the import's files."""
+    head = rev_parse(co, "HEAD")
+    if head != st.pre_head:
+        if git(
+            "merge-base", "--is-ancestor", st.pre_head, head or "", cwd=co, check=False
+        ).returncode:
+            raise ChangeImportError(
+                f"HEAD of {co} moved off the import ({(head or '')[:12]}); check out "
+                f"{st.pre_head[:12]} plus your resolution again, or `vllm-overlay import --abort`."
+            )
+        git("reset", "-q", "--soft", st.pre_head, cwd=co)  # fold the person's commits in
+    left = markers_left(co, st.paths)
+    if left:
+        raise ChangeImportError(
+            "conflict markers (<<<<<<< or >>>>>>>) are still in:\n"
+            + "\n".join("    " + p for p in left)
+            + "\nEdit them away, then run `vllm-overlay import --continue` again."
+        )
+    git("add", "-f", "--", *st.paths, cwd=co)
+    with opened(co) as repo:
+        other = [e for e in uncommitted(repo) if e[3:] not in st.paths]
+    if other:
+        raise ChangeImportError(
+            f"{co} has changes outside the import's files:\n"
+            + "\n".join("    " + e for e in other[:20])
+            + "\nRevert them (they belong to no change), then `vllm-overlay import --continue`."
+        )
+    changed = [
+        p for p in git("diff", "--cached", "--name-only", "-z", cwd=co).stdout.split("\0") if p
+    ]
+    if not changed:
+        raise ChangeImportError(
+            "the import leaves the checkout's tree as it was: there is nothing to record. "
+            "`vllm-overlay import --abort`."
+        )
+    return changed
+
+
+def _fields(m: Meta, lock: Lock, changed: list[str], paths: list[str]) -> dict:
+    """The new [[change]] of overlay.toml."""
+    tests = m.tests if m.tests is not None else [p for p in changed if _is_test(p)]
+    return {
+        "id": m.id, "title": m.title, "why": m.why, "origin": m.origin, "origin_kind": "backport",
+        "authors": m.authors, "drop_when": m.drop_when, "since": lock.upstream.version,
+        "files": changed, "tests": tests,
+        "upstream_tests": m.upstream_tests if m.upstream_tests is not None
+        else upstream_tests(paths),
+    }  # fmt: skip
 
 
 def upstream_tests(paths: list[str]) -> list[str]:

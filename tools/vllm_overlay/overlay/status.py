@@ -26,7 +26,7 @@ def status(project: Project, checkout: Path) -> dict:
             for v in sorted({s.project for s in lock.sources})
         },
         "changes": [_change(c, lock, overlay) for c in overlay.changes],
-        "checkout": {"path": str(checkout), **checkout_state(checkout, lock, overlay)},
+        "checkout": {"path": str(checkout), **checkout_state(checkout, lock, overlay).to_json()},
         "import": _import_state(project),
     }
 

@@ -16,6 +16,7 @@ import getpass
 import os
 import shutil
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 from packaging.version import Version
@@ -40,6 +41,7 @@ from vllm_overlay.rebase.host import SdistHost, load_series
 from vllm_overlay.rebase.releases import newer_releases
 from vllm_overlay.rebase.releasewalk import Walker
 from vllm_overlay.rebase.report import report, settled
+from vllm_overlay.rebase.reportdata import Aborted, ChangeOutcome, Noop, RebaseReport
 from vllm_overlay.rebase.state import (
     NEW_BASE_REF,
     OLD_BASE_REF,
@@ -73,7 +75,7 @@ def start(
     checkout: Path | None = None,
     test_python: str | None = None,
     direct: bool = False,
-) -> dict:
+) -> RebaseReport | Noop:
     """Begin a rebase onto ``to``; returns the report (complete, or stopped)."""
     paths = Paths(project)
     with guard(paths):
@@ -91,7 +93,7 @@ def start(
             to, name=name, git_url=remote, index_url=index_url, commit=commit
         )
         if version == old_lock.upstream.version and commit in (None, old_lock.upstream.commit):
-            return {"status": "noop", "message": f"upstream.lock already pins {name} {version}."}
+            return Noop(f"upstream.lock already pins {name} {version}.")
         if Version(version) < Version(old_lock.upstream.version):
             direct = True  # backwards: no releases in between to walk
         info(f"pinning {name} {version}")
@@ -180,7 +182,7 @@ def _fault_point(step: int) -> None:
 
 
 def continue_(project: Project, *, commit: str | None = None, unproven: str | None = None
-              ) -> dict:  # fmt: skip
+              ) -> RebaseReport:  # fmt: skip
     """Settle the stop with the person's resolution (or run its proof again), then go on.
 
     The resolution is proven first: the change's tests at the stop's release with it. If they
@@ -204,7 +206,7 @@ def continue_(project: Project, *, commit: str | None = None, unproven: str | No
             return _continue(ctx, unproven)
 
 
-def _continue(ctx: Ctx, unproven: str | None = None) -> dict:
+def _continue(ctx: Ctx, unproven: str | None = None) -> RebaseReport:
     st = ctx.state
     if st.status == "finalizing":  # interrupted while writing: write it all again
         return _finish(ctx, _walker(ctx))
@@ -308,20 +310,16 @@ def _has_markers(data: bytes) -> bool:
     return re.search(rb"^(<<<<<<<|>>>>>>>)( |$)", data, re.MULTILINE) is not None
 
 
-def abort(project: Project) -> dict:
+def abort(project: Project) -> Aborted:
     """Put upstream.lock, overlay/ and the checkout back as they were before the rebase."""
     paths = Paths(project)
     with guard(paths):
         state = load(paths)
         undo(paths, state)
-    return {
-        "status": "aborted",
-        "from": {"version": state.from_version, "commit": state.from_commit},
-        "checkout": state.checkout.path,
-    }
+    return Aborted(state.from_version, state.from_commit, state.checkout.path)
 
 
-def _advance(ctx: Ctx, walker: Walker) -> dict:
+def _advance(ctx: Ctx, walker: Walker) -> RebaseReport:
     st = ctx.state
     w = walker.run()
     if w.stop is not None:
@@ -344,7 +342,7 @@ def _advance(ctx: Ctx, walker: Walker) -> dict:
 # Finishing: the lock, overlay.toml and overlay/ are written only here
 
 
-def _finish(ctx: Ctx, walker: Walker) -> dict:
+def _finish(ctx: Ctx, walker: Walker) -> RebaseReport:
     st, project, w = ctx.state, ctx.paths.project, walker.walk
     repo, base = upstream_repo(
         ctx.new_lock, source=st.source, index_url=st.index_url, git_url=st.git_url
@@ -368,29 +366,7 @@ def _finish(ctx: Ctx, walker: Walker) -> dict:
             + "\n".join("    " + d for d in dirty[:20])
             + "\nDiscard them (`git -C CHECKOUT checkout -- .`) or `--abort`; then --continue."
         )
-    results = settled(w, ctx.overlay)
-    old_text = (ctx.paths.backup_overlay / CONFIG_NAME).read_text()
-    bump = any(r["state"] != "kept" for r in results)
-    new_text = history.rewrite(
-        old_text,
-        dropped=[
-            history.DroppedRecord(
-                id=r["id"],
-                title=r["title"],
-                origin=r["origin"],
-                dropped_in=r["release"],
-                reason=r["reason"],
-                proof=r["proof"],
-                upstream_tests=ctx.overlay.change(r["id"]).upstream_tests,
-                pull_request=r["pull_request"],
-            )  # fmt: skip
-            for r in results
-            if r["state"] == "dropped"
-        ],
-        files={r["id"]: r["files"] for r in results if r["state"] != "dropped"},
-        tests={r["id"]: r["tests"] for r in results if r["state"] != "dropped"},
-        bump_revision=bump,
-    )
+    new_text = _new_config(ctx, settled(w, ctx.overlay))
     new_overlay = parse_overlay(new_text, project.overlay_dir)  # validate before writing
     new_lock = ctx.new_lock.with_base(
         {p: base_hash(show_bytes(repo, base, p)) for p in new_overlay.all_files()}
@@ -411,15 +387,44 @@ def _finish(ctx: Ctx, walker: Walker) -> dict:
     config_set(ctx.repo, DIGEST_KEY, overlay_digest(project.overlay_dir))
     for ref in (NEW_BASE_REF, OLD_BASE_REF):
         set_ref(ctx.repo, ref, None)
-    result = report(ctx, w)
     written = [f"overlay/{records.DIR}/{stored[k].relpath}" for k in sorted(keys) if k in stored]
-    result.update(
+    result = replace(
+        report(ctx, w),
         status="complete",
-        written=["upstream.lock", f"overlay/{CONFIG_NAME}"]
-        + [f"overlay/{p}" for p in exported.written]
-        + written,
-        removed=[f"overlay/{p}" for p in exported.removed + pruned],
-        revision={"from": ctx.overlay.revision, "to": new_overlay.revision},
-    )
+        written=(
+            "upstream.lock", f"overlay/{CONFIG_NAME}", *[f"overlay/{p}" for p in exported.written],
+            *written,
+        ),
+        removed=tuple(f"overlay/{p}" for p in exported.removed + pruned),
+        revision=(ctx.overlay.revision, new_overlay.revision),
+    )  # fmt: skip
     shutil.rmtree(ctx.paths.dir)
     return result
+
+
+def _new_config(ctx: Ctx, results: list[ChangeOutcome]) -> str:
+    """overlay.toml after the walk: dropped changes moved to [[dropped]] with their proof,
+    carried changes' files and tests as they are now, the revision bumped if any moved."""
+    old_text = (ctx.paths.backup_overlay / CONFIG_NAME).read_text()
+    bump = any(r.state != "kept" for r in results)
+    carried = [r for r in results if r.state != "dropped"]
+    return history.rewrite(
+        old_text,
+        dropped=[
+            history.DroppedRecord(
+                id=r.id,
+                title=r.title,
+                origin=r.origin,
+                dropped_in=r.release or "",
+                reason=r.reason,
+                proof=r.proof,
+                upstream_tests=ctx.overlay.change(r.id).upstream_tests,
+                pull_request=r.pull_request,
+            )  # fmt: skip
+            for r in results
+            if r.state == "dropped"
+        ],
+        files={r.id: list(r.files) for r in carried},
+        tests={r.id: list(r.tests) for r in carried},
+        bump_revision=bump,
+    )

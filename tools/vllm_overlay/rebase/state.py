@@ -228,7 +228,7 @@ def record_checkout(dest: Path, lock: Lock, overlay: Overlay) -> CheckoutRecord:
             "--checkout directory, or remove this one."
         )
     st = checkout_state(dest, lock, overlay)
-    if st["state"] == "edited":
+    if st.state == "edited":
         raise RebaseError(
             f"{dest} has edits that are not in overlay/ (uncommitted changes or new commits). "
             "A rebase starts from the overlay as committed: save them with `vllm-overlay "

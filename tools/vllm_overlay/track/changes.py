@@ -21,16 +21,17 @@ from pathlib import Path
 
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.testing import proving
+from vllm_overlay.track.trackdata import ChangeRun, ChangesProof
 from vllm_overlay.util import info
 
 
-def prove(project: Project, checkout: Path, *, test_python: str | None = None) -> dict:
+def prove(project: Project, checkout: Path, *, test_python: str | None = None) -> ChangesProof:
     """Run each carried change's tests on ``checkout``'s HEAD; the report's ``changes``."""
     overlay = project.overlay()
     wanted = {c.id: list(c.tests) for c in overlay.changes if c.tests}
     untested = [c.id for c in overlay.changes if not c.tests]
     if not wanted:
-        return {"ok": True, "seconds": 0.0, "changes": {}, "untested": untested}
+        return ChangesProof(ok=True, untested=tuple(untested))
     started = time.monotonic()
     scratch = project.work_dir / "track-changes"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -45,40 +46,18 @@ def prove(project: Project, checkout: Path, *, test_python: str | None = None) -
         scratch / "pytest.log",
     )
     changes = {cid: _outcome(run) for cid, run in runs.items()}
-    ok = all(c["ok"] for c in changes.values())
+    ok = all(c.ok for c in changes.values())
     if ok:
         shutil.rmtree(tree, ignore_errors=True)
-    return {
-        "ok": ok,
-        "seconds": round(time.monotonic() - started, 1),
-        "changes": changes,
-        "untested": untested,
-        "log": str(scratch / "pytest.log"),
-    }
+    return ChangesProof(ok, round(time.monotonic() - started, 1), changes, tuple(untested),
+                        str(scratch / "pytest.log"))  # fmt: skip
 
 
-def _outcome(run: proving.TestRun) -> dict:
+def _outcome(run: proving.TestRun) -> ChangeRun:
     finished = bool(run.junit)
-    return {
-        "ok": finished and not run.failed and not run.errors and run.passed + run.skipped > 0,
-        "counts": run.counts() if finished else run.summary,
-        "first_error": run.first_error,
-        "failing": run.failing,
-    }
-
-
-def markdown(c: dict, version: str) -> list[str]:
-    """The report's section."""
-    out = [f"## The carried changes' own tests at {version}", ""]
-    if "error" in c:
-        return [*out, "They could not run:", "", "```", c["error"].rstrip(), "```", ""]
-    for cid, o in c["changes"].items():
-        verdict = "pass" if o["ok"] else "**fail**"
-        out.append(f"- `{cid}`: {verdict} ({o['counts']})")
-        if o["first_error"]:
-            out.append(f"  - first failure: `{o['first_error']}`")
-    for cid in c.get("untested", []):
-        out.append(f"- `{cid}`: lists no tests")
-    if c.get("log"):
-        out.append(f"- log: `{c['log']}` ({c['seconds']:.0f} s)")
-    return [*out, ""]
+    return ChangeRun(
+        ok=finished and not run.failed and not run.errors and run.passed + run.skipped > 0,
+        counts=run.counts() if finished else run.summary,
+        first_error=run.first_error,
+        failing=tuple(run.failing),
+    )

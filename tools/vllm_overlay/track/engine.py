@@ -23,6 +23,7 @@ import time
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.process import run
+from vllm_overlay.track.trackdata import EngineBuild, EngineProof, EngineTests, Wheel
 from vllm_overlay.util import info
 
 # The engine tests of the project, relative to its root (the copy's own, at its HEAD).
@@ -39,24 +40,22 @@ def pins_a_source_build(project: Project) -> bool:
 def prove(
     project: Project, *, index_url: str | None, max_jobs: int | None,
     build_python: str | None = None,
-) -> dict:  # fmt: skip
+) -> EngineProof:  # fmt: skip
     """Compile the test build of what the lock pins as built from source (into
     ``.work/dist`` of the copy; with ``build_python``, in that environment instead of one
     built from the release's constraints file), then run the engine tests; returns the
     report's ``engine`` entry (``ok``, ``build``, ``tests``)."""
-    out: dict = {"source_builds": project.lock().source_line(), "ok": False}
-    out["build"] = _build(project, index_url=index_url, max_jobs=max_jobs,
-                          build_python=build_python)  # fmt: skip
-    if not out["build"]["ok"]:
-        return out
-    out["tests"] = _engine_tests(project, max_jobs=max_jobs)
-    out["ok"] = out["tests"]["ok"]
-    return out
+    builds = project.lock().source_line()
+    build = _build(project, index_url=index_url, max_jobs=max_jobs, build_python=build_python)
+    if not build.ok:
+        return EngineProof(False, builds, build)
+    tests = _engine_tests(project, max_jobs=max_jobs)
+    return EngineProof(tests.ok, builds, build, tests)
 
 
 def _build(
     project: Project, *, index_url: str | None, max_jobs: int | None, build_python: str | None
-) -> dict:
+) -> EngineBuild:
     from vllm_overlay.envs.buildenv import build_env_python
     from vllm_overlay.wheel.build import build
     from vllm_overlay.wheel.plan import BuildOptions
@@ -82,11 +81,11 @@ def _build(
     except OverlayError as e:
         seconds = time.monotonic() - started
         info(f"the test build failed after {seconds:.0f} s")
-        return {"ok": False, "seconds": round(seconds, 1), "error": str(e)}
+        return EngineBuild(False, round(seconds, 1), error=str(e))
     seconds = time.monotonic() - started
-    wheels = [{"name": w.path.name, "up_to_date": w.up_to_date} for w in result.wheels]
-    info(f"built {', '.join(w['name'] for w in wheels)} in {seconds:.0f} s")
-    return {"ok": True, "seconds": round(seconds, 1), "wheels": wheels}
+    wheels = tuple(Wheel(w.path.name, w.up_to_date) for w in result.wheels)
+    info(f"built {', '.join(w.name for w in wheels)} in {seconds:.0f} s")
+    return EngineBuild(True, round(seconds, 1), wheels)
 
 
 def _workers() -> list[str]:
@@ -99,11 +98,11 @@ def _workers() -> list[str]:
     return ["-n", "2", "--dist", "worksteal"]
 
 
-def _engine_tests(project: Project, *, max_jobs: int | None) -> dict:
+def _engine_tests(project: Project, *, max_jobs: int | None) -> EngineTests:
     tests = project.root / ENGINE_TESTS
     if not tests.is_dir():
-        return {"ok": False, "error": f"the project has no {ENGINE_TESTS}: nothing proves the "
-                "target in the engine"}  # fmt: skip
+        return EngineTests(False, error=f"the project has no {ENGINE_TESTS}: nothing proves "
+                           "the target in the engine")  # fmt: skip
     log = project.work_dir / "track-engine.log"
     env = {**os.environ, "MAX_JOBS": str(max_jobs or 2)}
     started = time.monotonic()
@@ -119,11 +118,11 @@ def _engine_tests(project: Project, *, max_jobs: int | None) -> dict:
     lines = proc.stdout.splitlines()
     summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or
                     "failed" in ln or "error" in ln)), "")  # fmt: skip
-    return {
-        "ok": proc.returncode == 0,
-        "returncode": proc.returncode,
-        "seconds": round(seconds, 1),
-        "summary": summary.strip("= ").strip(),
-        "log": str(log),
-        "tail": "\n".join(lines[-TAIL_LINES:]) if proc.returncode else "",
-    }
+    return EngineTests(
+        ok=proc.returncode == 0,
+        seconds=round(seconds, 1),
+        returncode=proc.returncode,
+        summary=summary.strip("= ").strip(),
+        log=str(log),
+        tail="\n".join(lines[-TAIL_LINES:]) if proc.returncode else "",
+    )

@@ -33,13 +33,21 @@ from vllm_overlay.gitrepo import git, rev_parse, show_bytes
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.rebase import records
 from vllm_overlay.rebase.releases import newer_releases, newest_release
+from vllm_overlay.rebase.reportdata import Failed, RebaseReport
 from vllm_overlay.track import changes as track_changes
 from vllm_overlay.track import engine as track_engine
 from vllm_overlay.track import report as track_report
 from vllm_overlay.track import worktrees
+from vllm_overlay.track.trackdata import (
+    NEEDS_PERSON,
+    READY,
+    UP_TO_DATE,
+    ChangesProof,
+    SuiteProof,
+    TrackReport,
+)
 from vllm_overlay.util import atomic_write_bytes, exclusive_lock, info
 
-UP_TO_DATE, READY, NEEDS_PERSON = "up-to-date", "ready", "needs-person"
 EXIT = {UP_TO_DATE: 0, READY: 0, NEEDS_PERSON: 1}
 
 
@@ -54,7 +62,7 @@ def track(
     engine: str = "auto",
     max_jobs: int | None = None,
     build_python: str | None = None,
-) -> dict:
+) -> TrackReport:
     """Run the tracking job; returns the report (also written as md + json)."""
     report_dir = report_dir or project.work_dir / "track"
     # A second tracking run does not queue behind the first (minutes of rebase and tests):
@@ -69,14 +77,9 @@ def track(
             notes: list[str] = []
         else:
             rel, notes = newest_release(name, index_url)
-        rep: dict = {
-            "from": pinned,
-            "to": rel.version,
-            "name": name,
-            "notes": notes,
-        }
+        rep = TrackReport(name, pinned, rel.version, notes)
         if rel.version == pinned:
-            rep.update(status=UP_TO_DATE, message=f"upstream.lock already pins {name} {pinned}.")
+            rep.status, rep.message = UP_TO_DATE, f"upstream.lock already pins {name} {pinned}."
             track_report.write(rep, report_dir)
             return rep
         copy = _copy(project, rel.version, rep)
@@ -87,64 +90,53 @@ def track(
                 test_python=test_python,
             )  # fmt: skip
         except OverlayError as e:
-            rep.update(status=NEEDS_PERSON, rebase={"status": "failed", "error": str(e)})
+            rep.status, rep.rebase = NEEDS_PERSON, Failed(str(e))
             track_report.write(rep, report_dir)
             return rep
-        rep["rebase"] = result
-        if result["status"] != "complete":
-            rep["status"] = NEEDS_PERSON
-            rep["hunks"] = _hunks(result)
-            rep["walked_to"] = _walk_up_to_the_stop(copy, result, index_url, test_python)
+        assert isinstance(result, RebaseReport)  # the target is not the pin
+        rep.rebase = result
+        if result.stopped_at is not None:
+            rep.status = NEEDS_PERSON
+            rep.walked_to = _walk_up_to_the_stop(copy, result, index_url, test_python)
             git("commit", "-q", "--no-verify", "--allow-empty", "-m", _stop_message(rep),
                 cwd=copy.worktree)  # fmt: skip
-            rep["commit"] = rev_parse(copy.worktree, "HEAD")
+            rep.commit = rev_parse(copy.worktree, "HEAD")
             track_report.write(rep, report_dir)
             return rep
         try:
-            rep["changes"] = track_changes.prove(copy.project, checkout, test_python=test_python)
+            rep.changes = track_changes.prove(copy.project, checkout, test_python=test_python)
         except OverlayError as e:
-            rep["changes"] = {"ok": False, "error": str(e)}
+            rep.changes = ChangesProof(ok=False, error=str(e))
         if suite:
-            rep["suite"] = _suite(copy.project, index_url)
+            rep.suite = _suite(copy.project, index_url)
         git("add", "-A", "--", str(copy.project.lock_path), str(copy.project.overlay_dir),
             cwd=copy.worktree)  # fmt: skip
-        git("commit", "-q", "--no-verify", "-m", _message(rep), cwd=copy.worktree)
-        rep["commit"] = rev_parse(copy.worktree, "HEAD")
+        git("commit", "-q", "--no-verify", "-m", _message(result), cwd=copy.worktree)
+        rep.commit = rev_parse(copy.worktree, "HEAD")
         if engine == "always" or (
             engine == "auto" and track_engine.pins_a_source_build(copy.project)
         ):
-            rep["engine"] = track_engine.prove(copy.project, index_url=index_url,
-                                               max_jobs=max_jobs, build_python=build_python)  # fmt: skip
-        proofs = ("changes", "suite", "engine")
-        rep["status"] = (
-            READY if all(rep.get(k, {}).get("ok", True) for k in proofs) else NEEDS_PERSON
-        )
+            rep.engine = track_engine.prove(copy.project, index_url=index_url,
+                                            max_jobs=max_jobs, build_python=build_python)  # fmt: skip
+        rep.status = READY if rep.proofs_ok() else NEEDS_PERSON
         track_report.write(rep, report_dir)
         return rep
 
 
-def _copy(project: Project, version: str, rep: dict) -> worktrees.Copy:
+def _copy(project: Project, version: str, rep: TrackReport) -> worktrees.Copy:
     """The copy to rebase (``track/worktrees.py``), with the resolution records of the previous
     run's branch (read before the copy moves that branch); ``rep`` says where it is."""
     earlier = _records_of_branch(project, f"track/vllm-{version}")
     copy = worktrees.make_copy(project, version)
     _add_records(copy.project, earlier)
-    rep.update(
-        branch=copy.branch,
-        worktree=str(copy.worktree),
-        base_commit=rev_parse(copy.worktree, "HEAD"),
-        uncommitted=worktrees.uncommitted(project, copy.repo_root),
-    )
-    info(f"tracking {rep['name']} {rep['from']} -> {version} in {copy.worktree} ({copy.branch})")
+    rep.branch, rep.worktree = copy.branch, str(copy.worktree)
+    rep.base_commit = rev_parse(copy.worktree, "HEAD")
+    rep.uncommitted = worktrees.uncommitted(project, copy.repo_root)
+    info(f"tracking {rep.name} {rep.from_} -> {version} in {copy.worktree} ({copy.branch})")
     return copy
 
 
-def _hunks(result: dict) -> dict[str, str]:
-    """The conflict regions of the stop, per file."""
-    return dict((result.get("stopped_at") or {}).get("hunks") or {})
-
-
-def _walk_up_to_the_stop(copy: worktrees.Copy, result: dict, index_url: str | None,
+def _walk_up_to_the_stop(copy: worktrees.Copy, result: RebaseReport, index_url: str | None,
                          test_python: str | None) -> str | None:  # fmt: skip
     """Move the copy to the newest release before the stop that the walk reaches without a
     person (the outlook's count of stops for that target is 0), and stage it: the branch
@@ -152,13 +144,13 @@ def _walk_up_to_the_stop(copy: worktrees.Copy, result: dict, index_url: str | No
     walk there stopped after all, e.g. on a proof)."""
     from vllm_overlay.track.outlook import outlook
 
-    stop = result.get("stopped_at") or {}
+    stop = result.stopped_at
     rebase.abort(copy.project)
-    if not stop.get("release"):
+    if stop is None or not stop.release:
         return None
-    look = outlook(copy.project, index_url=index_url, to=stop["release"], progress=False)
+    look = outlook(copy.project, index_url=index_url, to=stop.release, progress=False)
     clear = [t["version"] for t in look.targets
-             if not t["walk"] and Version(t["version"]) < Version(stop["release"])]  # fmt: skip
+             if not t["walk"] and Version(t["version"]) < Version(stop.release)]  # fmt: skip
     if not clear:
         return None
     before = clear[-1]
@@ -170,7 +162,7 @@ def _walk_up_to_the_stop(copy: worktrees.Copy, result: dict, index_url: str | No
     except OverlayError as e:
         info(f"the walk to {before} did not complete ({e}); the branch stays at the pin")
         return None
-    if got["status"] != "complete":
+    if got.status != "complete":
         rebase.abort(copy.project)
         return None
     git("add", "-A", "--", str(copy.project.lock_path), str(copy.project.overlay_dir),
@@ -178,13 +170,13 @@ def _walk_up_to_the_stop(copy: worktrees.Copy, result: dict, index_url: str | No
     return before
 
 
-def _stop_message(rep: dict) -> str:
-    stop = (rep["rebase"].get("stopped_at") or {}) if rep.get("rebase") else {}
-    where = rep.get("walked_to") or rep["from"]
-    lines = [f"Track {rep['name']} {rep['to']}: the walk up to the stop ({where})", ""]
+def _stop_message(rep: TrackReport) -> str:
+    stop = rep.stopped.stopped_at if rep.stopped else None
+    where = rep.walked_to or rep.from_
+    lines = [f"Track {rep.name} {rep.to}: the walk up to the stop ({where})", ""]
     if stop:
-        lines.append(f"Stopped at change {stop.get('id')} on {stop.get('release')} "
-                     f"({stop.get('state')}); see the pull request for what to do.")  # fmt: skip
+        lines.append(f"Stopped at change {stop.id} on {stop.release} "
+                     f"({stop.state}); see the pull request for what to do.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -216,7 +208,7 @@ def _add_records(project: Project, found: dict[str, bytes]) -> None:
         info(f"read {len(found)} resolution record(s) from the previous tracking branch")
 
 
-def _suite(project: Project, index_url: str | None) -> dict:
+def _suite(project: Project, index_url: str | None) -> SuiteProof:
     from vllm_overlay.testing import suite
 
     info("running vLLM's kv_connector suite on the rebased tree (patched vs pristine)")
@@ -224,19 +216,15 @@ def _suite(project: Project, index_url: str | None) -> dict:
         req = suite.SuiteRequest(index_url=index_url)
         outcome = suite.run_suite(project, req)
     except OverlayError as e:
-        return {"ok": False, "error": str(e)}
-    return {"ok": outcome.comparison.ok, "text": outcome.text(), "json": outcome.json()}
+        return SuiteProof(ok=False, error=str(e))
+    return SuiteProof(outcome.comparison.ok, outcome.text(), outcome.json())
 
 
-def _message(rep: dict) -> str:
-    r = rep["rebase"]
-    lines = [f"Track {rep['name']} {rep['to']}: rebase the overlay from {rep['from']}", ""]
-    for c in r["changes"]:
-        lines.append(
-            f"- {c['id']}: {c['state']}" + (f" ({c['reason']})" if c.get("reason") else "")
-        )
+def _message(r: RebaseReport) -> str:
+    lines = [f"Track {r.to.name} {r.to.version}: rebase the overlay from {r.from_version}", ""]
+    lines += [f"- {c.id}: {c.state}" + (f" ({c.reason})" if c.reason else "") for c in r.changes]
     return "\n".join(lines) + "\n"
 
 
-def exit_code(rep: dict) -> int:
-    return EXIT[rep["status"]]
+def exit_code(rep: TrackReport) -> int:
+    return EXIT[rep.status]
