@@ -123,7 +123,9 @@ def _read_mail(mail: str, source: str) -> tuple[Commit, str]:
         body = str(msg.get_payload())
     m = re.search(r"^---$", body, re.MULTILINE)
     d = _DIFF_GIT.search(body)
-    cut = m.start() if m and (d is None or m.start() < d.start()) else (d.start() if d else len(body))
+    cut = (
+        m.start() if m and (d is None or m.start() < d.start()) else (d.start() if d else len(body))
+    )
     message = body[:cut].strip()
     diff = body[d.start() :] if d else ""
     author = str(msg.get("From", "")).strip() or None
@@ -166,7 +168,9 @@ def _file_diff(chunk: str, a: str, b: str, source: str) -> FileDiff:
         "old mode": "changes the file's mode",
     }
     for marker, what in refused.items():
-        if re.search(rf"^{marker}", header, re.MULTILINE) or (marker == "rename from" and old != new):
+        if re.search(rf"^{marker}", header, re.MULTILINE) or (
+            marker == "rename from" and old != new
+        ):
             raise ChangeImportError(
                 f"{where} {what}; an overlay change can patch and add files only. Remove that "
                 "part from the patch and import the rest; nothing was imported."

@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from vllm_overlay.errors import OverlayConfigError, UnsafePathError
@@ -292,12 +292,12 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
             raise OverlayConfigError(f'{where}: `origin_kind` must be "backport" or "original".')
         if kind == "backport" and "drop_when" not in tbl:
             raise OverlayConfigError(
-                f'{where}: missing key(s) [\'drop_when\'] (the release that ships the fix, e.g. '
+                f"{where}: missing key(s) ['drop_when'] (the release that ships the fix, e.g. "
                 '"vllm>=0.25.0").'
             )
         if kind == "original" and "drop_condition" not in tbl:
             raise OverlayConfigError(
-                f"{where}: our own change (origin_kind = \"original\") needs `drop_condition`: "
+                f'{where}: our own change (origin_kind = "original") needs `drop_condition`: '
                 "the upstream condition that drops it, in words (and `drop_when` once a release "
                 "is known to meet it)."
             )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.pin.lockfile import Lock, read_lock
 from vllm_overlay.overlay.model import Overlay, load_overlay
+from vllm_overlay.pin.lockfile import Lock, read_lock
 from vllm_overlay.util import project_root
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from vllm_overlay.errors import BaseMismatchError, OverlayConfigError, PatchError
 from vllm_overlay.overlay.model import (
@@ -26,7 +25,6 @@ from vllm_overlay.overlay.model import (
     PATCH_SUFFIX,
     Change,
     Overlay,
-    overlay_files,
     safe_join,
 )
 from vllm_overlay.overlay.patches import apply_patch, parse_patch
@@ -180,7 +178,9 @@ def _step(
     fp = parse_patch(patch.decode("utf-8", errors="surrogateescape"), f"overlay/{patch_rel}")
     for side in (fp.old_path, fp.new_path):
         if side is not None and side != path:
-            raise OverlayConfigError(f"{where}: overlay/{patch_rel} patches {side!r}, not {path!r}.")
+            raise OverlayConfigError(
+                f"{where}: overlay/{patch_rel} patches {side!r}, not {path!r}."
+            )
     if not fp.hunks:
         raise OverlayConfigError(f"{where}: overlay/{patch_rel} has no hunks.")
     try:
@@ -285,4 +285,3 @@ def migrate(overlay: Overlay, mig: Migration) -> None:
         while d != overlay.dir and d.is_dir() and not any(d.iterdir()):
             d.rmdir()
             d = d.parent
-

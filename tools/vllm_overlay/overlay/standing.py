@@ -149,7 +149,7 @@ def parse_forwarded(tbl: dict, kind: str, where: str) -> Forwarded:
 def check_since(val: object, where: str) -> str:
     """``since``: the upstream release the change was first carried on."""
     if not isinstance(val, str):
-        raise OverlayConfigError(f"{where}: `since` must be a release version like \"0.24.0\".")
+        raise OverlayConfigError(f'{where}: `since` must be a release version like "0.24.0".')
     try:
         Version(val)
     except InvalidVersion:
