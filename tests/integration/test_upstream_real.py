@@ -40,7 +40,12 @@ def test_our_fix_is_ready_for_upstream_at_the_pin(tmp_path, real_testenv):
     assert ran["ruff-check"]["ok"] and ran["ruff-format"]["ok"]
     assert "as the release's configuration pins" in ran["ruff-check"]["tool"]
     assert ran["check-spdx-header"]["ok"] and ran["check-forbidden-imports"]["ok"]
-    patch = (out / f"0001-{CHANGE}.patch").read_text()
+    # stacked on the change whose test harness (ConnectorSteps) and CPU copy path it needs
+    assert [s["change"] for s in rep["stack"]] == ["hidden-states-connector-cpu-cache"]
+    below = (out / "0001-hidden-states-connector-cpu-cache.patch").read_text()
+    assert "+class ConnectorSteps:" in below and "Signed-off-by: Ada Lovelace" in below
+    patch = (out / f"0002-{CHANGE}.patch").read_text()
+    assert "+class ConnectorSteps:" not in patch  # its own commit alone
     assert "Subject: [PATCH] [Bugfix][KVConnector]" in patch
     assert "Signed-off-by: Ada Lovelace <ada@example.org>" in patch
     assert "vllm-overlay" not in patch.lower() and "VLLM_OVERLAY_TREE" not in patch
@@ -48,10 +53,13 @@ def test_our_fix_is_ready_for_upstream_at_the_pin(tmp_path, real_testenv):
     body = (out / "pull-request.md").read_text()
     assert "## Validation" in body and "## Overview" in body  # the release's own template
     # both commands and the output of each, from the proof
-    test = "tests/v1/kv_connector/unit/test_hidden_states_connector_aborted_files.py"
+    test = "tests/v1/kv_connector/unit/test_hidden_states_connector.py"
     code = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
-    assert f"git diff HEAD~1 -- {code} | git apply -R\n" in body
-    assert f".venv/bin/python -m pytest -v {test}\n" in body
+    docs = "docs/features/speculative_decoding/extract_hidden_states.md"
+    assert f"git diff HEAD~1 -- {docs} {code} | git apply -R\n" in body
+    assert f".venv/bin/python -m pytest -v {test}::test_request_aborted_during_its_prefill" in body
+    assert "Stacked on [Bugfix][KVConnector] Hidden-states connector copies" in body
+    assert "test_extraction.py::test_aborted_request_keeps_its_file_only_once" in body
     for failing in rep["without"]["failing"]:
         assert f"FAILED {failing} - " in body
     assert re.search(r"^\d+ failed, \d+ passed.* in [\d.]+s$", body, re.M)
@@ -69,5 +77,9 @@ def test_our_fix_is_ready_for_upstream_at_the_pin(tmp_path, real_testenv):
     assert len(verdict) >= 14 and set(verdict.values()) <= {"yes", "no", "left for the person",
                                                             "n/a"}  # fmt: skip
     assert verdict["a CI step's commands and markers select each test"] == "yes"
+    for rule, want in verdict.items():  # what the rework of its tests made true
+        if rule.startswith(("tests extend the existing", "real objects", "no shims",
+                            "a regression test through", "the docs of")):  # fmt: skip
+            assert want == "yes", rule
     assert "docs/features/speculative_decoding/extract_hidden_states.md" in listed
     assert "heuristic" in listed and "## 1. tests pass with the commit" in listed
