@@ -115,6 +115,8 @@ SESSIONS = {
     "without-gptoss": ("without", "gptoss", PREFIX_CACHING, cases(*FAMILY_CASES), {}),
     "ours-qwen3moe": ("ours", "qwen3moe", PREFIX_CACHING, cases(*FAMILY_CASES), {}),
     "without-qwen3moe": ("without", "qwen3moe", PREFIX_CACHING, cases(*FAMILY_CASES), {}),
+    # Refused at start (no EAGLE3 interface at 0.34.0): docs/engine.md, "Verifier families".
+    "ours-gemma3": ("ours", "gemma3", {}, cases("batch"), {}),
 }  # fmt: skip
 FAMILIES = ("deepseek", "gptoss", "qwen3moe")
 
@@ -138,6 +140,7 @@ RUNNERS_OF = {
     "without-hybrid-wide": ("v2",),
     **{f"{wheel}-{family}": ("v2",) for wheel in ("ours", "without") for family in FAMILIES},
     "without-deepseek-layer-zero": ("v2",),
+    "ours-gemma3": ("v2",),
 }
 
 # What a session's spec holds beyond the common one (see fixtures_engine.engine_session).

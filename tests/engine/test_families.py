@@ -86,3 +86,14 @@ def test_mla_runs_without_chunked_prefill_or_prefix_caching(engine_session, sess
     (again,) = s.requests("repeat")
     assert again["num_cached_tokens"] == 0, again
     assert again["checks"]["proposer"]["rows_recorded"] == len(LONG), again["checks"]
+
+
+@pytest.mark.parametrize("runner", RUNNERS_OF["ours-gemma3"])
+def test_gemma3_is_refused_at_start(engine_session, runner):
+    """Gemma3ForCausalLM has no EAGLE3 interface at 0.34.0: the engine refuses
+    extract_hidden_states at start, saying so, and extracts nothing. We carry no interface
+    for it (docs/engine.md, "Verifier families"); when upstream adds one, this fails."""
+    s = engine_session("ours-gemma3", runner)
+    assert s.result["start_error"] is not None, s.result["cases"]
+    assert "Model does not support EAGLE3 interface" in s.log, s.result["start_error"]
+    assert s.result["cases"] == {}

@@ -19,7 +19,9 @@ tokenizer from the model directory.
   a shared expert;
 - ``gptoss``: a gpt-oss layout, sliding window (32 tokens) and full attention alternating,
   attention sinks, every layer MoE;
-- ``qwen3moe``: a Qwen3-MoE, every layer MoE.
+- ``qwen3moe``: a Qwen3-MoE, every layer MoE;
+- ``gemma3``: a Gemma 3 (``Gemma3ForCausalLM``), which vLLM 0.34.0 refuses to extract from (it
+  has no EAGLE3 interface): the session shows the refusal.
 
 Every MoE layer routes every token to all of its experts (top-k = the number of experts;
 DeepSeek's one expert group holds them all): the experts' weights still come from the
@@ -38,6 +40,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     DeepseekV3Config,
+    Gemma3TextConfig,
     GptOssConfig,
     LlamaConfig,
     Qwen3MoeConfig,
@@ -64,6 +67,7 @@ MODELS = {
     "deepseek": lambda: _deepseek(),
     "gptoss": lambda: _gptoss(),
     "qwen3moe": lambda: _qwen3moe(),
+    "gemma3": lambda: Gemma3TextConfig(**COMMON, sliding_window=32),
 }
 EXPERTS = 4  # every MoE layer's experts, each routed to every token
 
