@@ -79,7 +79,8 @@ def _rope(is_neox: bool) -> RotaryEmbedding:
 @needs_fix
 @pytest.mark.parametrize("is_neox", [False, True])
 def test_mla_rope_part_of_each_head(kernel, is_neox):
-    """MLA's call: ``q[..., nope:], k_pe = rotary_emb(positions, q[..., nope:], k_pe)``."""
+    """MLA's call:
+    ``q[..., nope:], k_pe = rotary_emb(positions, q[..., nope:], k_pe)``."""
     rope = _rope(is_neox)
     torch.manual_seed(0)
     positions = torch.arange(TOKENS) * 3
