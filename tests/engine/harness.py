@@ -12,7 +12,7 @@ wheel, every verify check):
 - ``ours``: the whole series, what we ship;
 - ``without``: the series without our hidden-state changes (``HIDDEN_STATE_CHANGES``: ours
   for the connector's clients, its bounded staging and its whole files, the hidden-state
-  cache's billing; upstream has the four fixes we carried on 0.24.0; the CPU enablers stay,
+  cache's billing, DeepSeek's layer 0; upstream has the four fixes we carried on 0.24.0; the CPU enablers stay,
   without them nothing runs on the CPU),
   from a copy of the project whose overlay lacks them: the proof that the changes matter.
 """
@@ -51,6 +51,7 @@ HIDDEN_STATE_CHANGES = (
     "hidden-states-connector-bounded-staging",
     "hidden-states-connector-atomic-files",
     "hidden-state-cache-billed-at-its-own-page",
+    "deepseek-aux-hidden-state-layer-zero",
 )
 # The relative L2 error a bf16 row may have against the float32 reference (the worst seen:
 # 0.0134, hybrid with tensor parallelism; dense 0.0082).

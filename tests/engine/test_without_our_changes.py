@@ -170,3 +170,18 @@ def test_a_request_the_engine_aborts_for_its_client_keeps_its_file_as_released(
     c = stop[part]["client"]
     assert c["status"] == 200 and c["lock_released"] and c["found"] and "kept" in c, c
     assert_layers_right(stop["checks"][c["name"]], f"{part} file")
+
+
+@on("without-deepseek-layer-zero")
+def test_deepseek_layer_zero_kills_the_engine(engine_session, runner):
+    """Without deepseek-aux-hidden-state-layer-zero, asking a DeepSeek model for layer 0 (the
+    embedding) raises TypeError in DeepseekV2Model.forward at the first step (the residual is
+    still None), and the engine dies: the batch gets no file. Our wheel extracts layers 0, 1,
+    2 and 4 of the same model right (test_families); so does this wheel without layer 0."""
+    s = engine_session("without-deepseek-layer-zero", runner)
+    assert s.result["start_error"] is None, s.result["start_error"]
+    assert s.result["died"] is not None, s.result["cases"]
+    assert s.result["died"]["case"] == "batch", s.result["died"]
+    assert "EngineDeadError" in s.result["died"]["error"], s.result["died"]
+    assert "unsupported operand type(s) for +: 'Tensor' and 'NoneType'" in s.log
+    assert "batch" not in s.result["cases"]
