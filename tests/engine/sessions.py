@@ -104,7 +104,8 @@ SESSIONS = {
 # decode's state indices), prefix caching (the Mamba align kernels' CPU twins), the dense
 # model's decode (its steps sample two tokens where a draft is accepted: vllm#56417 is about
 # V1's proposer reading only column 0 of sampled_token_ids), and upstream's own hybrid.
-RUNNERS_OF = {
+# Each only where the pinned release has the runner (harness.at_pin: at 0.34.0, V2 alone).
+_RUNNERS_OF = {
     "ours-hybrid": ("v2", "v1"),
     "ours-hybrid-prefix-caching": ("v2", "v1"),
     "ours-dense": ("v2", "v1"),
@@ -117,6 +118,7 @@ RUNNERS_OF = {
     "ours-hybrid-wide": ("v2",),
     "without-hybrid-wide": ("v2",),
 }
+RUNNERS_OF = {name: harness.at_pin(runners) for name, runners in _RUNNERS_OF.items()}
 
 # What a session's spec holds beyond the common one (see fixtures_engine.engine_session).
 HS_CONNECTORS = "hs-connectors==0.9.0"
