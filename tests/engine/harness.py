@@ -54,11 +54,8 @@ HIDDEN_STATE_CHANGES = (
 # The relative L2 error a bf16 row may have against the float32 reference (the worst seen:
 # 0.0134, hybrid with tensor parallelism; dense 0.0082).
 TOLERANCE = 0.03
-# A guard against a hung session, not a time the machine must meet: the slowest engine seen
-# here took 346 s (its start, while the other worker built the wheels; 77 s at most in the
-# last cold run), so a machine half as fast needs about 700 s. Another worker waiting for a
-# session waits as long as its holder lives (no timer of its own): this bound, on the
-# holder's engine, ends a hang (docs/engine.md, "Bounds").
+# A hang guard on one session's engine, not a time to meet (docs/engine.md, "Bounds"): the
+# slowest seen took 346 s, so a machine half as fast needs about 700 s.
 SESSION_TIMEOUT = 1200
 
 # vLLM 0.32.0's two model runners. V2 (vllm/v1/worker/gpu/, and its CPU subclass) is what
@@ -79,10 +76,8 @@ def runners_at(version: str) -> tuple[str, ...]:
 
 
 def at_pin(runners: tuple[str, ...]) -> tuple[str, ...]:
-    """``runners`` less those the pinned release lacks: a session's V1 case is not even
-    collected at 0.34.0 (no skip), and comes back on a pin that has V1."""
-    have = runners_at(pinned_version(REPO))
-    return tuple(r for r in runners if r in have)
+    """``runners`` less those the pinned release lacks (at 0.34.0 no V1 case is collected)."""
+    return tuple(r for r in runners if r in runners_at(pinned_version(REPO)))
 
 
 def pinned_version(root: Path) -> str:
@@ -99,8 +94,7 @@ def ours_env(wheels: dict):
 
 
 def runner_wheel(wheels: dict, kind: str, runner: str):
-    """``wheels[kind-runner]`` (the parametrizations hold only the pinned release's runners:
-    ``at_pin``)."""
+    """``wheels[kind-runner]`` (the parametrizations hold the pinned release's: ``at_pin``)."""
     key = f"{kind}-{runner}"
     assert key in wheels, f"no {key} wheel: vLLM {pinned_version(REPO)} has {sorted(wheels)}"
     return wheels[key]
@@ -438,12 +432,15 @@ def report(shared: Path, name: str, figures: dict, table: str = "report") -> Non
 
 
 def check_files(env, model: str, layers: list[int], files: list[dict], where: Path,
-                tolerance: float = TOLERANCE) -> dict:  # fmt: skip
-    """``files`` (``{"name", "kept", "prompt"}``: a copy of a saved file and the token ids it
-    is for) against the Transformers reference, in the engine environment ``env``
-    (``driver.py --check``); the driver's result (per file: ``checks``; ``worst``)."""
+                tolerance: float = TOLERANCE, probe: Path | None = None) -> dict:  # fmt: skip
+    """``files`` (``{"name", "kept", "prompt"}``, a copy of a saved file and its token ids;
+    with ``request_id`` and ``probe``, a session's records: its rows against the proposer's;
+    ``output``: its tokens; ``layer_gaps``: the model's adjacent layers' smallest difference)
+    against the Transformers reference, in the engine environment ``env`` (``driver.py
+    --check``); the driver's result (per file: ``checks``; ``worst``)."""
     where.mkdir(parents=True, exist_ok=True)
     spec = {"model": model, "layers": layers, "tolerance": tolerance, "files": files}
+    spec["probe"] = str(probe) if probe else None
     (where / "check.json").write_text(json.dumps(spec, indent=2))
     result = where / "check-result.json"
     environ = env.environ(where / "work")
