@@ -260,30 +260,47 @@ def test_a_row_from_the_next_layer_fails_and_by_how_much(
     for lay in (first, second):
         assert lay["right_rows"] == 0 and lay["min_rel_err"] > TOLERANCE, lay
     assert last["right_rows"] == tokens  # layer 4's rows untouched
-    gaps = checks["layer_gaps"]
-    assert len(gaps) == 3 and min(g["min_rel_diff"] for g in gaps) > TOLERANCE, gaps
+    gaps = checks["layer_gaps"]  # every two adjacent decoder layers, 1 and 2 to n-1 and n
+    assert [g["layers"][0] for g in gaps] == list(range(1, len(gaps) + 1)), gaps
+    assert min(g["min_rel_diff"] for g in gaps) > TOLERANCE, gaps
 
 
-@pytest.mark.parametrize("runner", RUNNERS_OF["ours-dense"])
+@pytest.mark.parametrize(
+    ("session_name", "model"), [("ours-dense", "llama"), ("ours-hybrid", "qwen3next")]
+)
 def test_a_duplicated_token_fails_the_generated_tokens_check(
-    engine_session, engine_wheels, engine_models, runner, tmp_path
+    engine_session, engine_wheels, engine_models, session_name, model, tmp_path
 ):
     """vllm#56417's symptom (a token repeated in place of the next): the engine's 16 greedy
-    tokens pass checks.assert_tokens_right, the same with one token repeated fail it."""
-    session = engine_session("ours-dense", runner)
-    request = session.requests("decode")[0]
-    out = request["output"]
-    k = next(i for i in range(len(out) - 1) if out[i] != out[i + 1])
-    repeated = out[: k + 1] + [out[k]] + out[k + 1 : -1]
-    spec = [
-        {"name": name, "kept": request["kept"], "prompt": request["prompt"], "output": tokens}
-        for name, tokens in (("right", out), ("repeated", repeated))
-    ]
+    tokens pass checks.assert_tokens_right; each copy with one token repeated where the
+    engine's next token differs is judged by it. A tiny random model's logits are close, so
+    the model itself nearly chose some of those repeats (a near tie, which the check lets
+    pass); at least one is not, and fails it."""
+    (runner,) = RUNNERS_OF[session_name][:1]
+    session = engine_session(session_name, runner)
+    spec = []
+    for r in session.requests("decode"):
+        out = r["output"]
+        spec.append({"name": f"{r['request_id']}/right", "kept": r["kept"],
+                     "prompt": r["prompt"], "output": out})  # fmt: skip
+        spec += [
+            {"name": f"{r['request_id']}/repeat-{k}", "kept": r["kept"], "prompt": r["prompt"],
+             "output": out[: k + 1] + [out[k]] + out[k + 1 : -1]}
+            for k in range(len(out) - 1)
+            if out[k] != out[k + 1]
+        ]  # fmt: skip
     got = harness.check_files(
-        harness.ours_env(engine_wheels), engine_models["llama"], LAYERS, spec, tmp_path / "check"
+        harness.ours_env(engine_wheels), engine_models[model], LAYERS, spec, tmp_path / "check"
     )
-    checks = {f["name"]: f["checks"]["output"] for f in got["files"]}
-    assert_tokens_right(checks["right"], len(out), "the engine's tokens")
-    with pytest.raises(AssertionError):
-        assert_tokens_right(checks["repeated"], len(out), "one token repeated")
-    assert checks["repeated"]["repeats"] == checks["right"]["repeats"] + 1
+    caught, passed = [], []
+    for f in got["files"]:
+        if f["name"].endswith("/right"):
+            assert_tokens_right(f["checks"]["output"], len(f["output"]), f["name"])
+            continue
+        try:
+            assert_tokens_right(f["checks"]["output"], len(f["output"]), f["name"])
+            passed.append(f["name"])
+        except AssertionError:
+            caught.append(f["name"])
+    assert len(caught) + len(passed) == len(spec) - len(session.requests("decode"))
+    assert caught, f"no repeated token fails the check here: {passed}"
