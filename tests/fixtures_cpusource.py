@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import shutil
 import sys
@@ -208,9 +209,16 @@ def onednn_tarball() -> tuple[bytes, SourceInput]:
     return blob, si
 
 
+# The CPU build puts its Python's bin first on PATH (cpusource's command): cmake and ninja
+# come from its build environment (constraints/build-vllm-cpu-*.txt pins them). These tests
+# build with this Python, whose environment has them from the test extra (pyproject.toml);
+# c++ is the system's (tools/system-deps.sh). Without them the tests skip, which fails CI
+# (tests/expected_skips.py).
+BUILD_PATH = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 needs_tools = pytest.mark.skipif(
-    any(shutil.which(t) is None for t in ("c++", "cmake", "ninja")),
-    reason="the CPU build's preflight needs c++, cmake and ninja on PATH",
+    any(shutil.which(t, path=BUILD_PATH) is None for t in ("c++", "cmake", "ninja")),
+    reason="the CPU build's preflight needs c++ (tools/system-deps.sh), cmake and ninja (the "
+    "test extra) on the build environment's PATH",
 )
 # A test build compiles the extension vLLM imports on this machine: an x86 one with AVX2.
 needs_test_build = pytest.mark.skipif(

@@ -60,9 +60,14 @@ def assert_generated(session, case: str) -> None:
     requests = session.requests(case)
     assert requests, f"{session.name}: case {case} generated nothing"
     for r in requests:
-        out = r["checks"]["output"]
         where = f"{session.name}/{case}, request {r['request_id']}"
         assert len(r["output"]) == asked, f"{where}: {len(r['output'])} of {asked} tokens"
-        assert out["tokens"] == asked, f"{where}: the reference compared {out['tokens']} tokens"
-        wrong = [d for d in out["differ"] if d["rel_gap"] > NEAR_TIE]
-        assert not wrong, f"{where}: {out}"
+        assert_tokens_right(r["checks"]["output"], asked, where)
+
+
+def assert_tokens_right(out: dict, asked: int, where: str) -> None:
+    """The reference's figures of one request's generated tokens (driver.Reference.generated):
+    all compared, each the model's greedy choice (a near tie excepted)."""
+    assert out["tokens"] == asked, f"{where}: the reference compared {out['tokens']} tokens"
+    wrong = [d for d in out["differ"] if d["rel_gap"] > NEAR_TIE]
+    assert not wrong, f"{where}: {out}"

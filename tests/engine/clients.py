@@ -12,6 +12,7 @@ speculators' own ``--validate-outputs`` lacks (it passes all-zero tensors).
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import shutil
@@ -84,6 +85,15 @@ def prepare_speculators_data(client, model: str, shared: Path) -> dict:
         return out
 
 
+# The token ids of each row of speculators' prepared dataset, as generate-offline-data sends
+# them (its item["input_ids"] for hs_<i>), read in the client's environment.
+SENT_ROWS = (
+    "import json, sys; from datasets import load_from_disk; "
+    "rows = load_from_disk(sys.argv[1]).with_format(None)['input_ids']; "
+    "print(json.dumps([[int(t) for t in r] for r in rows]))"
+)
+
+
 def run_speculators(srv: server.Server, client, prepared: dict, model: str, where: Path) -> dict:
     """speculators' ``generate-offline-data --validate-outputs --fail-on-error`` against the
     server, on the prepared dataset; the files it wrote, for the reference check."""
@@ -98,9 +108,14 @@ def run_speculators(srv: server.Server, client, prepared: dict, model: str, wher
                             "--output", where / "hidden_states", "--concurrency", "4",
                             "--validate-outputs", "--fail-on-error"], env, where,
                            "generate-offline-data")  # fmt: skip
-    # The token ids each file is for are the ones it holds (prepare-data shuffles the rows).
+    # hs_<i> is for the prepared dataset's row i (prepare-data shuffles the rows): the prompt
+    # each file is checked against is the row the client sent, read from its own dataset.
+    sent = subprocess.run([client.python, "-c", SENT_ROWS, prepared["prepared"]], env=env,
+                          capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+    rows = json.loads(sent.stdout.strip().splitlines()[-1])
     files = sorted((where / "hidden_states").glob("hs_*.safetensors"))
-    out["files"] = [{"name": f.name, "kept": str(f)} for f in files]
+    out["files"] = [{"name": f.name, "kept": str(f), "prompt": rows[int(f.stem[len("hs_"):])]}
+                    for f in files]  # fmt: skip
     out["storage_left"] = server.everything_under(srv.storage)
     shutil.rmtree(env["TMPDIR"], ignore_errors=True)
     return out
@@ -349,7 +364,7 @@ def run_storm(srv: server.Server, where: Path, *, requests: int, leave_share: fl
         out["kv_cache_usage"], out["kv_cache_freed"] = wait_for(
             lambda: srv.metric("vllm:kv_cache_usage_perc"), lambda v: v == 0.0
         )
-        out["engine_aborts"] = len(watch.read().aborted)
+        out["aborted"] = sorted(watch.read().aborted)  # what the engine logged it aborted
     out["files"] = files
     out["files_verified"] = len(files)
     return out
@@ -363,7 +378,8 @@ def _orphan_locks(names: list[str]) -> list[str]:
 def check(parts: dict[str, dict], engine_env, model: str, where: Path) -> None:
     """Every file the parts got against the reference, in one ``driver.py --check`` (one
     Transformers load); into each part: ``checks`` per file, the ``token_ids`` they hold,
-    ``worst`` and ``wrong_files`` (a row not right, or token ids not the prompt's)."""
+    ``worst`` (the end-of-run table's) and ``wrong_files`` (a row not right, or token ids not
+    the prompt's)."""
     files = [{**f, "name": f"{part}/{f['name']}"}
              for part, out in parts.items() for f in out.get("files", [])]  # fmt: skip
     if not files:
@@ -384,9 +400,6 @@ def check(parts: dict[str, dict], engine_env, model: str, where: Path) -> None:
                 for k in ("rows", "right_rows", "zero_rows", "nan_rows")
             },  # fmt: skip
         }
-        out["worst"]["token_ids_wrong"] = sum(
-            not f["checks"]["token_ids_match"] for _, f in mine
-        )  # fmt: skip
         out["wrong_files"] = [name for name, f in mine
                               if not f["checks"]["token_ids_match"]
                               or any(lay["right_rows"] != lay["rows"]
@@ -414,8 +427,11 @@ SERVER_SESSIONS = {
 }
 # The model runners each server runs on (harness.RUNNERS; see sessions.RUNNERS_OF): our
 # wheel on both (CUDA users run V2, CPU users V1: the connector's hooks differ), upstream's
-# findings on V2.
-SERVER_RUNNERS = {"ours-serve": ("v2", "v1"), "without-serve": ("v2",)}
+# findings on V2; each only where the pinned release has it (harness.at_pin).
+SERVER_RUNNERS = {
+    name: harness.at_pin(runners)
+    for name, runners in {"ours-serve": ("v2", "v1"), "without-serve": ("v2",)}.items()
+}
 
 
 def run_server_session(shared: Path, name: str, runner: str, wheels: dict, models: dict,
@@ -429,8 +445,9 @@ def run_server_session(shared: Path, name: str, runner: str, wheels: dict, model
     assert runner in SERVER_RUNNERS[name], f"{name} does not run on {runner}"
     wheel = harness.runner_wheel(wheels, wheel_kind, runner)
     where = shared / "servers" / f"{name}-{runner}"
+    # Another worker waits as long as the holder lives: its own bounds end a hang.
     with util.exclusive_lock(where.with_suffix(".lock"), f"server session {name}",
-                             timeout=harness.SESSION_TIMEOUT):  # fmt: skip
+                             timeout=math.inf):  # fmt: skip
         result_file = where / "result.json"
         if result_file.is_file():
             return json.loads(result_file.read_text())
@@ -447,7 +464,6 @@ def run_server_session(shared: Path, name: str, runner: str, wheels: dict, model
                 result["start_seconds"] = srv.start_seconds
                 result["served_version"] = srv.request("GET", "/version", timeout=60).body
                 for part in parts:
-                    p0 = time.monotonic()
                     if part == "speculators":
                         out = run_speculators(srv, client, prepared, model, where / part)
                     elif part.startswith("probes"):
@@ -460,7 +476,6 @@ def run_server_session(shared: Path, name: str, runner: str, wheels: dict, model
                         out = fulldisk.run_full_disk(srv, where / part, **fulldisk.DISK)
                     else:
                         out = run_storm(srv, where / part, **STORM)
-                    out["part_seconds"] = round(time.monotonic() - p0, 1)
                     result[part] = out
                 result["healthy_at_end"] = srv.healthy()
                 # Before the server is stopped: its shutdown logs errors of its own.
@@ -498,7 +513,7 @@ def summary(name: str, r: dict) -> dict:
         "storm_disconnected": len(storm.get("left", [])),
         "storm_completed": outcomes.get("completed", 0),
         "storm_verified": storm.get("files_verified", 0),
-        "storm_aborted": int(storm.get("engine_aborts") or 0),
+        "storm_aborted": len(storm.get("aborted", [])),
         "storm_left": len(storm.get("storage_after_reading", [])),
         "storm_seconds": storm.get("seconds", 0),
         "disk_requests": disk.get("requests", 0) + len(disk.get("later", [])),

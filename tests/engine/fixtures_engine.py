@@ -12,6 +12,7 @@ GPU: the ``vllm`` variant). The figures of every session are printed at the end 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -79,12 +80,22 @@ def engine_wheels(engine_shared, engine_device, engine_cpu_build, tmp_path_facto
         pytest.skip("--engine-device cuda: this machine shows no NVIDIA GPU (nvidia-smi -L)")
     from vllm_overlay import util
 
+    # One worker builds, the other waits, with no timer of its own: for as long as the builder
+    # lives (a dead builder's flock is freed by the kernel), which the builder's own bound
+    # (ENGINE_TIMEOUT_S) ends on a hang. A builder that ended without the wheels left its
+    # pid in wheels.building: the waiter then fails at once instead of building them again.
     with (
         pytest.MonkeyPatch.context() as mp,
         util.exclusive_lock(
-            engine_shared / "wheels.lock", "the engine tests' wheels", timeout=1200
+            engine_shared / "wheels.lock", "the engine tests' wheels", timeout=math.inf
         ),
-    ):  # one worker builds, the other finds them up to date
+    ):  # then the other finds them up to date
+        building = engine_shared / "wheels.building"
+        if building.is_file():
+            pytest.fail(f"the worker that was making the engine tests' wheels (pid "
+                        f"{building.read_text().strip()}) ended without them; its own error "
+                        "says why")  # fmt: skip
+        building.write_text(f"{os.getpid()}\n")
         isolate(mp, tmp_path_factory, network=True)
         mp.setenv("VLLM_OVERLAY_PROJECT", str(harness.REPO))
         # A compiled CPU wheel has engine environments of its own ("ours-test", "ours-source"):
@@ -125,6 +136,7 @@ def engine_wheels(engine_shared, engine_device, engine_cpu_build, tmp_path_facto
                 json.dumps({"ours": ours.name, "without": without.name, "cpu_build": made,
                             "seconds": {k: round(v, 1) for k, v in seconds.items()}}),
             )  # fmt: skip
+        building.unlink()
         return {w.key: w for w in wheels}
 
 

@@ -20,9 +20,12 @@ LAYERS = [1, 2, 4]  # several layers, 4 = the last of the tiny models' 4
 ROW_BYTES = len(LAYERS) * 256 * 2  # a token's saved row: the layers x hidden 256 x bf16
 TOLERANCE = harness.TOLERANCE
 # hs-connectors' FP8 connector stores e4m3 values (3 mantissa bits) with a scale per row:
-# a row's relative L2 error against the float32 reference is the bf16 engine's plus the
-# quantization's (the worst seen: see docs/engine.md).
-FP8_TOLERANCE = 0.08
+# each value is rounded to within half a step, 1/16 to 1/32 of it, so a 256-wide row's
+# relative L2 error is about step/sqrt(12), 0.018 to 0.036, the mean of 256 roundings (which
+# varies little from row to row), with the bf16 engine's (at most 0.0134) on top: the worst
+# seen 0.0327. 0.05 passes every right row and fails a scale 6% off on every row, which 0.08
+# passed (test_checks_fail.py).
+FP8_TOLERANCE = 0.05
 
 
 def prompts(seed: int, *lengths: int) -> list[list[int]]:
@@ -126,7 +129,8 @@ FAMILIES = ("deepseek", "gptoss", "qwen3moe")
 # decode's state indices), prefix caching (the Mamba align kernels' CPU twins), the dense
 # model's decode (its steps sample two tokens where a draft is accepted: vllm#56417 is about
 # V1's proposer reading only column 0 of sampled_token_ids), and upstream's own hybrid.
-RUNNERS_OF = {
+# Each only where the pinned release has the runner (harness.at_pin: at 0.34.0, V2 alone).
+_RUNNERS_OF = {
     "ours-hybrid": ("v2", "v1"),
     "ours-hybrid-prefix-caching": ("v2", "v1"),
     "ours-dense": ("v2", "v1"),
@@ -142,6 +146,7 @@ RUNNERS_OF = {
     "without-deepseek-layer-zero": ("v2",),
     "ours-gemma3": ("v2",),
 }
+RUNNERS_OF = {name: harness.at_pin(runners) for name, runners in _RUNNERS_OF.items()}
 
 # What a session's spec holds beyond the common one (see fixtures_engine.engine_session).
 HS_CONNECTORS = "hs-connectors==0.9.0"

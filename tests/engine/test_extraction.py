@@ -96,6 +96,7 @@ def test_an_aborted_waiting_request_leaves_the_engine_working(engine_session, ru
     s = engine_session("ours-hybrid", runner)
     assert s.result["died"] is None, s.result["died"]
     abort = s.case("abort")
+    assert not abort["hung"], f"the engine still had requests after its guard: {abort}"
     assert abort["finished"] == ["abort-long"]
     assert_right(s, "abort")
 

@@ -11,12 +11,14 @@ network: the torch wheel (555 MB) is fetched once, by its pinned sha256, into th
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+from fixtures_cpusource import BUILD_PATH
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Artifact
 from vllm_overlay.wheel import cputorch
@@ -64,11 +66,12 @@ def _configure_and_build(root: Path, src: Path, build: Path, *args: str):
     src.mkdir(parents=True, exist_ok=True)
     (src / "CMakeLists.txt").write_text(PROJECT)
     (src / "ext.cpp").write_text(SOURCE)
+    env = {**os.environ, "PATH": BUILD_PATH}  # cmake and ninja as the CPU build finds them
     cfg = subprocess.run(["cmake", "-S", src, "-B", build, "-G", "Ninja", *args],
-                         capture_output=True, text=True)  # fmt: skip
+                         capture_output=True, text=True, env=env)  # fmt: skip
     if cfg.returncode != 0:
         return cfg
-    return subprocess.run(["cmake", "--build", build], capture_output=True, text=True)
+    return subprocess.run(["cmake", "--build", build], capture_output=True, text=True, env=env)
 
 
 def _needed(so: Path) -> list[str]:
@@ -76,9 +79,8 @@ def _needed(so: Path) -> list[str]:
     return [ln.split("[", 1)[1].rstrip("]") for ln in out.splitlines() if "(NEEDED)" in ln]
 
 
-@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("ninja") is None
-                    or shutil.which("readelf") is None,
-                    reason="needs cmake, ninja and readelf")  # fmt: skip
+@pytest.mark.skipif(any(shutil.which(t, path=BUILD_PATH) is None for t in ("cmake", "ninja", "readelf")),
+                    reason="needs cmake and ninja (the test extra) and readelf")  # fmt: skip
 def test_the_cuda_torch_builds_a_cpu_extension_that_needs_only_its_cpu_libraries(torch_env):
     root = torch_env
     torch_dir = root / "env/lib/python3.11/site-packages/torch/share/cmake/Torch"

@@ -59,6 +59,11 @@ class CommandError(OverlayError):
         return "\n".join(parts)
 
 
+class CommandTimeout(CommandError):
+    """A child ran past its time limit and was stopped (its process group: SIGINT, SIGTERM,
+    then SIGKILL; ``process.stop``)."""
+
+
 class LockFileError(OverlayError):
     """upstream.lock is missing, unreadable or inconsistent."""
 

@@ -8,6 +8,11 @@ process is killed (GitPython's own ref and config writers rewrite files in place
 file-level tools (``merge-file``, ``apply``, ``diff --no-index``: import's merges and the
 rebase's decision) run here too, on bytes (``git_bytes``): a file need not be UTF-8.
 
+Every git child starts in ``process.py``, the one runner, with a time limit and the process
+group's stop (``gitcmd.py``: GitPython's command object on that runner). Git that talks to a
+remote (``remote_git``: ``ls-remote``, ``fetch``) gets ``NETWORK_TIMEOUT``, and its timeout
+names the host.
+
 Every git process gets the same clean environment: no ``GIT_*`` variables from the caller (they
 are dropped from this process's environment the first time the layer is used, because
 GitPython copies ``os.environ`` into every child and reads ``GIT_DIR`` and friends itself), no
@@ -23,13 +28,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import git as gitpython
 from git.diff import INDEX
-from git.exc import BadName, BadObject, GitCommandError, GitCommandNotFound
+from git.exc import BadName, BadObject, GitCommandError
 
-from vllm_overlay.errors import CommandError, OverlayError, missing_program
-from vllm_overlay.process import Output, run
+from vllm_overlay.errors import CommandError, CommandTimeout, OverlayError
+from vllm_overlay.gitcmd import GIT_TIMEOUT, NETWORK_TIMEOUT, Git, GitRepo, run_in
+from vllm_overlay.process import BytesOutput, Output, run
 
 Repo = gitpython.Repo
 IDENTITY = ("vllm-overlay", "vllm-overlay@localhost")
@@ -77,7 +84,7 @@ def _drop_outside_git_vars() -> None:
 
 def _cmd(working_dir: Path | None) -> gitpython.Git:
     _drop_outside_git_vars()
-    g = gitpython.Git(working_dir)
+    g = Git(working_dir)
     g.update_environment(**git_env())
     return g
 
@@ -90,7 +97,7 @@ def open_repo(path: Path) -> Repo:
     """
     _drop_outside_git_vars()
     try:
-        repo = Repo(path, search_parent_directories=False)
+        repo = GitRepo(path, search_parent_directories=False)
     except (gitpython.InvalidGitRepositoryError, gitpython.NoSuchPathError) as e:
         raise OverlayError(f"{path} is not a git repository ({type(e).__name__}).") from e
     repo.git.update_environment(**git_env())
@@ -106,41 +113,6 @@ def opened(repo: Repo | Path) -> Iterator[Repo]:
             yield r
 
 
-@dataclass(frozen=True)
-class BytesOutput:
-    """What ``run_git_bytes`` returns: stdout as git wrote it (merge results, diffs and blobs
-    are compared byte for byte, and a file need not be UTF-8), stderr as text."""
-
-    returncode: int
-    stdout: bytes
-    stderr: str
-
-
-def _execute(
-    g: gitpython.Git,
-    argv: tuple[str, ...],
-    input: bytes | None,
-    text: bool,
-    env: dict[str, str] | None,
-) -> tuple[int, str | bytes, str | bytes]:
-    try:
-        with tempfile.TemporaryFile() if input is not None else _no_stream() as stdin:
-            if stdin is not None:
-                stdin.write(input)  # type: ignore[union-attr]
-                stdin.seek(0)
-            return g.execute(  # type: ignore[call-overload,no-any-return]
-                ["git", *argv],
-                istream=stdin,
-                with_extended_output=True,
-                with_exceptions=False,
-                strip_newline_in_stdout=False,
-                stdout_as_string=text,
-                env=env,
-            )
-    except GitCommandNotFound as e:
-        raise missing_program("git", e) from e
-
-
 def run_git(
     g: gitpython.Git,
     *args: str | os.PathLike[str],
@@ -148,15 +120,14 @@ def run_git(
     input: str | None = None,
     hint: str = "",
     env: dict[str, str] | None = None,
+    timeout: float | None = GIT_TIMEOUT,
 ) -> Output:
-    """``git ARGS`` through ``g`` (a ``repo.git``): the exit status, stdout and stderr as text,
-    a ``CommandError`` (command, status, output, ``hint``) when it fails and ``check``."""
-    argv = tuple(os.fspath(a) for a in args)
+    """``git ARGS`` in ``g``'s repository (a ``repo.git``): the exit status, stdout and stderr
+    as text, a ``CommandError`` (command, status, output, ``hint``) when it fails and
+    ``check``; a ``CommandTimeout`` past ``timeout`` seconds (the child stopped)."""
     data = input.encode("utf-8", "surrogateescape") if input is not None else None
-    status, stdout, stderr = _execute(g, argv, data, True, env)
-    if check and status != 0:
-        raise CommandError(("git", *argv), status, str(stdout), str(stderr), hint)
-    return Output(status, str(stdout), str(stderr))
+    out = run_git_bytes(g, *args, check=check, input=data, hint=hint, env=env, timeout=timeout)
+    return Output(out.returncode, out.stdout.decode(errors="surrogateescape"), out.stderr)
 
 
 def run_git_bytes(
@@ -165,32 +136,54 @@ def run_git_bytes(
     check: bool = True,
     input: bytes | None = None,
     hint: str = "",
+    env: dict[str, str] | None = None,
+    timeout: float | None = GIT_TIMEOUT,
 ) -> BytesOutput:
     """``run_git`` with bytes in and out: stdin and stdout are bytes, stderr is text."""
-    argv = tuple(os.fspath(a) for a in args)
-    status, stdout, stderr = _execute(g, argv, input, False, None)
-    err = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
-    if check and status != 0:
-        out = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout
-        raise CommandError(("git", *argv), status, out, err, hint)
-    return BytesOutput(status, bytes(stdout), err)  # type: ignore[arg-type]
-
-
-@contextmanager
-def _no_stream() -> Iterator[None]:
-    yield None
+    argv = ("git", *(os.fspath(a) for a in args))
+    out = run_in(g, argv, input, env, timeout, hint)
+    if check and out.returncode != 0:
+        raise CommandError(argv, out.returncode, out.stdout.decode(errors="replace"),
+                           out.stderr, hint)  # fmt: skip
+    return out
 
 
 def git(*args: str | os.PathLike[str], cwd: Path | None = None, check: bool = True,
-        input: str | None = None, hint: str = "") -> Output:  # fmt: skip
-    """``git ARGS`` in ``cwd`` (or no repository: ``ls-remote``, ``init``, ``clone``)."""
-    return run_git(_cmd(cwd), *args, check=check, input=input, hint=hint)
+        input: str | None = None, hint: str = "",
+        timeout: float | None = GIT_TIMEOUT) -> Output:  # fmt: skip
+    """``git ARGS`` in ``cwd`` (or no repository: ``init``, ``clone``)."""
+    return run_git(_cmd(cwd), *args, check=check, input=input, hint=hint, timeout=timeout)
 
 
 def git_bytes(*args: str | os.PathLike[str], cwd: Path | None = None, check: bool = True,
               input: bytes | None = None, hint: str = "") -> BytesOutput:  # fmt: skip
     """``git ARGS`` in ``cwd`` with bytes in and out (``run_git_bytes``)."""
     return run_git_bytes(_cmd(cwd), *args, check=check, input=input, hint=hint)
+
+
+def remote_git(*args: str | os.PathLike[str], url: str, cwd: Path | None = None,
+               check: bool = True, hint: str = "", timeout: float | None = None) -> Output:  # fmt: skip
+    """``git ARGS`` that talks to ``url`` (``ls-remote``, ``fetch``): ``timeout`` seconds at
+    most (``NETWORK_TIMEOUT``), then a ``CommandTimeout`` that names the host."""
+    timeout = NETWORK_TIMEOUT if timeout is None else timeout
+    try:
+        return git(*args, cwd=cwd, check=check, hint=hint, timeout=timeout)
+    except CommandTimeout as e:
+        raise CommandTimeout(
+            e.cmd, e.returncode, e.stdout, e.stderr,
+            f"{host_of(url)} did not answer git {os.fspath(args[0])} within {timeout:g} s (the "
+            "child was stopped). Check the network and the host, or pass --git-url for a "
+            "mirror.",
+        ) from e  # fmt: skip
+
+
+def host_of(url: str) -> str:
+    """The host ``url`` names (``user@host:path`` too), without credentials; a local path
+    as it is."""
+    if "://" in url:
+        return urlsplit(url).hostname or url
+    head, sep, _ = url.partition(":")
+    return head.rpartition("@")[2] if sep and "/" not in head else url
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +412,7 @@ def user_identity(cwd: Path) -> tuple[str, str] | None:
 def user_config(cwd: Path, key: str) -> str | None:
     """``key`` as the user's own git config gives it in ``cwd`` (global and repository
     config, which the clean environment above reads neither of); None where it is unset."""
-    out = run("git", "config", "--get", key, cwd=cwd, check=False)
+    out = run("git", "config", "--get", key, cwd=cwd, check=False, timeout=GIT_TIMEOUT)
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 

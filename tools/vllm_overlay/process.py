@@ -14,8 +14,11 @@ saying to install it. There are three ways to run one:
   ``interval`` seconds elsewhere); a killed or failed run leaves the log there, and the
   error names it. ``terminal``: on a terminal the child gets one of its own and draws on
   ours (twine's bar); the log gets what shows.
+- ``run_bytes(*cmd)``: ``run`` with bytes in and out (git's blobs, merges and diffs).
 - ``group(cmd, ...)``: the running child, for a caller that watches it while it runs (the
   pytest runner's progress lines and its time limit).
+- ``start(cmd, ...)``: a child another library reads while it runs (GitPython's persistent
+  ``cat-file --batch``): in its group, piped, stopped by the caller with ``stop``.
 
 The stop policy, for every child: its whole process group gets SIGINT, then SIGTERM, then
 SIGKILL, each ``GRACE`` seconds after the last, until the child exits; what remains of the
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, TextIO
 
 from vllm_overlay import progress
-from vllm_overlay.errors import CommandError, missing_program
+from vllm_overlay.errors import CommandError, CommandTimeout, missing_program
 
 GRACE = 10.0  # seconds a stopped child gets at each signal before the next
 _ESCAPES = re.compile(rb"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[@-Z\\-_])")
@@ -60,6 +63,16 @@ class Output:
 
     returncode: int
     stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class BytesOutput:
+    """What ``run_bytes`` returns: stdout as the child wrote it, stderr as text (undecodable
+    bytes kept as surrogates)."""
+
+    returncode: int
+    stdout: bytes
     stderr: str
 
 
@@ -92,19 +105,60 @@ def run(
             check=check, hint=hint, timeout=timeout, interval=interval, header=header,
             terminal=terminal, stream=stream,
         )  # fmt: skip
-    proc = _start(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+    rc, stdout, stderr = _communicate(argv, cwd, env, input, timeout, hint, text=True)
+    if check and rc != 0:
+        raise CommandError(argv, rc, stdout, stderr, hint)
+    return Output(rc, stdout, stderr)
+
+
+def run_bytes(
+    *cmd: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    input: bytes | None = None,
+    hint: str = "",
+    timeout: float | None = None,
+) -> BytesOutput:
+    """``run`` (without ``log``) with bytes in and out: ``input`` and stdout are bytes."""
+    argv = tuple(os.fspath(c) for c in cmd)
+    rc, stdout, stderr = _communicate(argv, cwd, env, input, timeout, hint, text=False)
+    err = stderr.decode(errors="surrogateescape")
+    if check and rc != 0:
+        raise CommandError(argv, rc, stdout.decode(errors="replace"), err, hint)
+    return BytesOutput(rc, stdout, err)
+
+
+def _communicate(
+    argv: tuple[str, ...], cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
+    input: Any, timeout: float | None, hint: str, *, text: bool,
+) -> tuple[int, Any, Any]:  # fmt: skip
+    """Start the child, feed it ``input``, wait for it; past ``timeout`` it is stopped and a
+    ``CommandTimeout`` says so (with ``hint``)."""
+    proc = _start(argv, cwd=cwd, env=env, text=text, stdout=subprocess.PIPE,
                   stderr=subprocess.PIPE,
                   stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)  # fmt: skip
     with proc, _watched(proc):
         try:
             stdout, stderr = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired as e:
-            stop(proc)
+            how = stop(proc)
             stdout, stderr = proc.communicate()  # what it wrote, to the end
-            raise CommandError(argv, -1, stdout, stderr, f"timed out after {timeout} s") from e
-    if check and proc.returncode != 0:
-        raise CommandError(argv, proc.returncode, stdout, stderr, hint)
-    return Output(proc.returncode, stdout, stderr)
+            if not text:
+                stdout, stderr = (x.decode(errors="replace") for x in (stdout, stderr))
+            why = f"timed out after {timeout:g} s (stopped by {how})"
+            raise CommandTimeout(argv, -1, stdout, stderr, f"{why}; {hint}" if hint else why) from e
+    return proc.returncode, stdout, stderr
+
+
+def start(
+    cmd: Sequence[str], *, cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None,
+    stdin: int = subprocess.DEVNULL,
+) -> subprocess.Popen[bytes]:  # fmt: skip
+    """``cmd`` running in a process group of its own, stdout and stderr piped (bytes), for a
+    caller that reads it as it runs and stops it with ``stop`` when done."""
+    return _start(tuple(cmd), cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE)  # fmt: skip
 
 
 @contextlib.contextmanager

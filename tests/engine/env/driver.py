@@ -197,10 +197,12 @@ def abort_waiting(llm, case: dict, saved: Path) -> dict:
     engine.add_request(short_id, _prompts([case["short"]])[0], params)
     engine.abort_request([short_id])
     finished = []
-    deadline = time.monotonic() + 120
+    # A guard against a hung engine, not a time it must meet: the case is a few engine steps
+    # (seconds here). Where it gives up, the result says so.
+    deadline = time.monotonic() + 900
     while engine.has_unfinished_requests() and time.monotonic() < deadline:
         finished += [o.request_id for o in engine.step() if o.finished]
-    out = {"finished": finished, "aborted": short_id}
+    out = {"finished": finished, "aborted": short_id, "hung": engine.has_unfinished_requests()}
     if case.get("then"):
         out["then"] = generate(llm, {"name": f"{case['name']}-then", **case["then"]}, saved)
     return out
@@ -260,9 +262,15 @@ def check_files(spec: dict, result: dict) -> None:
     for f in files:  # a file the client named no prompt for: the token ids it holds
         f.setdefault("prompt", load_file(f["kept"])["token_ids"].tolist())
     reference = Reference(spec["model"], spec["layers"])
+    # harness.check_files says what ``probe``, ``output`` and ``layer_gaps`` add
+    probe = Probe(Path(spec["probe"])) if spec.get("probe") else None
     prompts = {f["request_id"]: f["prompt"] for f in files}
     for f in files:
-        f["checks"] = check_one(f, reference, None, prompts, spec["tolerance"])
+        f["checks"] = check_one(f, reference, probe, prompts, spec["tolerance"])
+        if "output" in f:
+            f["checks"]["output"] = reference.generated(f["prompt"], f["output"])
+        if f.get("layer_gaps"):
+            f["checks"]["layer_gaps"] = reference.layer_gaps(f["prompt"])
     result["worst"] = worst(files)
 
 
@@ -298,6 +306,23 @@ class Reference:
                 per_layer.append(h[0].float())
             self.cache[key] = per_layer
         return self.cache[key]
+
+    def layer_gaps(self, prompt: list[int]) -> list[dict]:
+        """Per two adjacent decoder layers, their rows' smallest relative difference over the
+        prompt, either way round: how far a row from the wrong layer is from the right one."""
+        torch = self.torch
+        with torch.no_grad():
+            out = self.model(torch.tensor([prompt]), output_hidden_states=True)
+        hs = [out.hidden_states[k][0].float() for k in range(1, self.num_layers)]
+        hs.append(self.last["out"][0].float())  # the last layer before the final norm
+        gaps = []
+        for k in range(len(hs) - 1):
+            a, b = hs[k], hs[k + 1]
+            ab = (b - a).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-12)
+            ba = (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)
+            gaps.append({"layers": [k + 1, k + 2],
+                         "min_rel_diff": float(torch.minimum(ab, ba).min())})  # fmt: skip
+        return gaps
 
     def generated(self, prompt: list[int], output: list[int]) -> dict:
         """The engine's generated tokens against the model's greedy choice at each step,
@@ -394,6 +419,7 @@ def check_one(
                 "nan_rows": int((~finite).sum()),
                 "right_rows": int((finite & (err <= tolerance)).sum()),
                 "max_rel_err": float(err.max()) if bool(finite.all()) else float("inf"),
+                "min_rel_err": float(err[finite].min()) if bool(finite.any()) else None,
                 "mean_rel_err": float(err[finite].mean()) if bool(finite.any()) else None,
             }
         )

@@ -10,7 +10,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import LockFileError
-from vllm_overlay.gitrepo import git, open_repo, show_bytes
+from vllm_overlay.gitrepo import open_repo, remote_git, show_bytes
 from vllm_overlay.index.client import (
     IndexClient,
     IndexFile,
@@ -49,7 +49,8 @@ def sdist_commit_abbrev(repo, base: str, name: str) -> str | None:
 
 def resolve_commit(git_url: str, tag: str) -> str | None:
     """The commit a remote tag points at (peeled), or None if the remote is unreachable."""
-    out = git("ls-remote", git_url, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}", check=False)
+    out = remote_git("ls-remote", git_url, f"refs/tags/{tag}", f"refs/tags/{tag}^{{}}",
+                     url=git_url, check=False)  # fmt: skip
     if out.returncode != 0:
         return None
     refs = dict(reversed(line.split("\t", 1)) for line in out.stdout.splitlines() if "\t" in line)

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from vllm_overlay.errors import IntegrityError, OverlayError
-from vllm_overlay.gitrepo import git, open_repo, rev_parse, set_ref
+from vllm_overlay.gitrepo import git, open_repo, remote_git, rev_parse, set_ref
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.util import cache_dir, exclusive_lock, hold, info, release, touch
@@ -160,8 +160,8 @@ def _fetch_commit(final: Path, root: Path, commit: str, url: str) -> None:
     with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
         repo = Path(tmp) / "repo.git"
         _init_bare(repo)
-        git(
-            "fetch", "-q", "--depth", "1", "--no-tags", url, commit, cwd=repo,
+        remote_git(
+            "fetch", "-q", "--depth", "1", "--no-tags", url, commit, url=url, cwd=repo,
             hint=(
                 f"Could not fetch commit {commit} from {url}. Check the URL (pass --git-url "
                 "for a mirror) and that the server allows fetching a commit by id; or use "

@@ -11,7 +11,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import RebaseError, UsageError
-from vllm_overlay.gitrepo import git
+from vllm_overlay.gitrepo import remote_git
 from vllm_overlay.overlay.model import Overlay
 from vllm_overlay.pin.lockfile import parse_lock, render_lock
 from vllm_overlay.pin.pinning import LockPlan, compute_lock
@@ -33,7 +33,7 @@ def latest_release(name: str, index_url: str | None) -> str:
 
 def release_of_commit(git_url: str, commit: str) -> str:
     """The release whose tag (``vX``) points at ``commit`` on the git remote."""
-    out = git("ls-remote", "--tags", git_url, check=False)
+    out = remote_git("ls-remote", "--tags", git_url, url=git_url, check=False)
     if out.returncode != 0:
         raise RebaseError(
             f"cannot list the tags of {git_url} to find which release {commit} is "
