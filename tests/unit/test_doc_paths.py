@@ -1,4 +1,5 @@
-"""Every path of ours that README.md and docs/*.md cite resolves in the repository.
+"""Every path of ours that README.md and docs/*.md cite resolves in the repository, and every
+``make`` target and ``vllm-overlay`` verb they cite exists.
 
 What counts as a path (``cited_paths``):
 
@@ -23,6 +24,7 @@ import re
 from pathlib import Path
 
 import pytest
+from vllm_overlay.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "tools" / "vllm_overlay"
@@ -107,9 +109,40 @@ def unresolved(page: Path, text: str, root: Path = ROOT) -> list[str]:
     return sorted({f for f in found if f})
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def unknown_commands(text: str, makefile: Path = ROOT / "Makefile") -> list[str]:
+    """Every ``make TARGET`` and ``vllm-overlay VERB`` in backticks or fenced blocks of ``text``
+    that the Makefile or the command line does not have."""
+    targets = set(re.findall(r"^([\w-]+):(?!=)", makefile.read_text(), re.M))
+    spans = [m.group(0) for m in FENCE.finditer(text)] + SPAN.findall(FENCE.sub("", text))
+    found = []
+    for span in spans:
+        found += [
+            f"make {t}" for t in re.findall(r"\bmake ([a-z][\w-]*)", span) if t not in targets
+        ]
+        found += [
+            f"vllm-overlay {v}"
+            for v in re.findall(r"\bvllm-overlay ([a-z][\w-]*)", span)
+            if v not in COMMANDS
+        ]
+    return sorted(set(found))
+
+
+PAGE_IDS = {"ids": lambda p: p.relative_to(ROOT).as_posix()}
+
+
+@pytest.mark.parametrize("page", pages(), **PAGE_IDS)
 def test_every_path_a_page_cites_resolves(page):
     assert unresolved(page, page.read_text()) == []
+
+
+@pytest.mark.parametrize("page", pages(), **PAGE_IDS)
+def test_every_command_a_page_cites_exists(page):
+    assert unknown_commands(page.read_text()) == []
+
+
+def test_a_page_with_unknown_commands_fails():
+    text = "`make test`, `make tests`, `vllm-overlay status`, `vllm-overlay statuses --json`\n"
+    assert unknown_commands(text) == ["make tests", "vllm-overlay statuses"]
 
 
 BAD_PAGE = """\
