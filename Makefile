@@ -1,5 +1,6 @@
 # Everyday verbs. Each bootstraps the tool's own virtualenv (.venv) on first use; a machine
-# needs only git and python3. Downloads are cached under ~/.cache/vllm-overlay.
+# needs git and python3, and to compile or test what tools/system-deps.sh installs (README).
+# Downloads are cached under ~/.cache/vllm-overlay.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -115,7 +116,7 @@ test-engine-cpu-source: $(STAMP)
 	    --engine-cpu-build source $(PYTEST_ARGS)
 
 # Real rebases to 0.28.0 and 0.33.0, and track to 0.33.0: minutes each (a test
-# environment per release); not in CI. See the README.
+# environment per release); not in CI. See docs/rebasing.md.
 test-releases: $(STAMP)
 	$(VENV)/bin/python -m pytest --releases -m releases $(PYTEST_ARGS)
 
