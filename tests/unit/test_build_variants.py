@@ -14,6 +14,7 @@ from conftest import pip_install_target, unified
 from fixtures_build import build_args, last_line, members, pin_official_wheel, rewrite_wheel
 from synthetic import ARM, CONNECTOR, PLATFORMS_INIT, X86, release_files
 from vllm_overlay.errors import BuildError, UsageError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.wheel.build import BuildOptions, build
 from vllm_overlay.wheel.provenance import read_from_wheel
@@ -97,7 +98,7 @@ def test_one_variant_and_platform_is_one_path_from_the_cli_and_the_library(proje
     assert re.fullmatch(cpu_re(X86), wheel.name)
 
     opts = BuildOptions(out=tmp_path / "lib", variants=("vllm-cpu",), platforms=(X86,),
-                        index_url=project.index.url)  # fmt: skip
+                        settings=Settings(index_url=project.index.url))  # fmt: skip
     result = build(Project(project.root), opts)
     assert result.path == tmp_path / "lib" / wheel.name and sha(result.path) == sha(wheel)
     assert result.wheels[0].target == Target("vllm-cpu", X86)
@@ -105,7 +106,7 @@ def test_one_variant_and_platform_is_one_path_from_the_cli_and_the_library(proje
     assert BuildOptions(variants="vllm-cpu", platforms=X86) == BuildOptions(
         variants=("vllm-cpu",), platforms=(X86,)
     )
-    every = build(Project(project.root), BuildOptions(out=tmp_path / "lib", index_url=project.index.url))  # fmt: skip
+    every = build(Project(project.root), BuildOptions(out=tmp_path / "lib", settings=Settings(index_url=project.index.url)))  # fmt: skip
     assert len(every.paths) == 3 and every.wheels[2].up_to_date
     with pytest.raises(UsageError, match="this build made 3 wheels; read BuildResult.paths"):
         _ = every.path

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import CID, pinned_project, tree_snapshot
 from synthetic import CONNECTOR, EXTRACT, make_upstream, release_files
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.checkout import CheckoutState, checkout_state
 from vllm_overlay.overlay.importing import Request, continue_, import_change, web_url
 from vllm_overlay.overlay.project import Project
@@ -463,7 +464,7 @@ def test_import_is_one_call_that_returns_what_it_did(project, canonical):
     nothing to the project; continue_ returns the files written; the checkout state is typed."""
     proj = Project(project.root)
     req = Request(checkout=canonical, from_release="1.2.0", paths=[CONNECTOR], id="rewrite",
-                  index_url=project.index.url)  # fmt: skip
+                  settings=Settings(index_url=project.index.url))  # fmt: skip
     out = import_change(proj, req)
     assert out.stopped and out.meta.id == "rewrite" and not out.written
     assert [(m.path, m.conflicted) for m in out.merged] == [(CONNECTOR, True)]

@@ -393,16 +393,17 @@ def test_git_missing(project, cli, monkeypatch, tmp_path):
 
 
 def test_cached_corrupt_artifact_is_detected(project, cli):
+    from vllm_overlay.index.settings import Settings
     from vllm_overlay.pin.artifacts import ensure_artifact
 
     res = cli("fetch", "--index-url", project.index.url, cwd=project.root)
     assert res.rc == 0
     wheel = read_lock(project.lock).wheel()
-    path = ensure_artifact(wheel, index_url=project.index.url)
+    path = ensure_artifact(wheel, settings=Settings(index_url=project.index.url))
     os.chmod(path, 0o644)
     path.write_bytes(b"x" * wheel.size)
     from vllm_overlay.errors import IntegrityError
 
     with pytest.raises(IntegrityError, match="is corrupt"):
-        ensure_artifact(wheel, index_url=project.index.url)
+        ensure_artifact(wheel, settings=Settings(index_url=project.index.url))
     shutil.rmtree(path.parent)

@@ -11,6 +11,7 @@ from vllm_overlay.commands._options import (
     checkout_of,
     refuse_during_rebase,
 )
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.checkout import apply_overlay
 from vllm_overlay.overlay.importing import refuse_during_import
 from vllm_overlay.overlay.project import find_project
@@ -51,9 +52,7 @@ def run(args: argparse.Namespace) -> int:
         overlay,
         dest,
         force=args.force,
-        source=args.source,
-        index_url=args.index_url,
-        git_url=args.git_url,
+        settings=Settings.from_options(args),
     )
     if res.stash:
         print(f"stashed uncommitted changes as {res.stash} (`git -C {dest} stash list`)")

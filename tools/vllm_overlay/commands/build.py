@@ -9,6 +9,7 @@ from pathlib import Path
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.envs.buildenv import build_env_python
 from vllm_overlay.errors import UsageError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.util import info
 from vllm_overlay.wheel.build import STRATEGIES, BuildOptions, build
@@ -149,7 +150,7 @@ def options(args: argparse.Namespace) -> BuildOptions:
         keep_release_version=args.keep_release_version,
         variants=tuple(args.variant),
         platforms=tuple(args.platform),
-        index_url=args.index_url,
+        settings=Settings.from_options(args),
         python=args.python or sys.executable,
         source=settings,
         dry_run=args.dry_run,

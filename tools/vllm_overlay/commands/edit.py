@@ -11,6 +11,7 @@ from vllm_overlay.commands._options import (
     checkout_of,
     refuse_during_rebase,
 )
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.checkout import apply_overlay, checkout_state
 from vllm_overlay.overlay.importing import refuse_during_import
 from vllm_overlay.overlay.project import find_project
@@ -45,10 +46,7 @@ def run(args: argparse.Namespace) -> int:
     lock = project.lock()
     state = checkout_state(dest, lock, overlay)
     if state.state in ("missing", "stale", "matches"):
-        apply_overlay(
-            lock, overlay, dest, source=args.source, index_url=args.index_url,
-            git_url=args.git_url,
-        )  # fmt: skip
+        apply_overlay(lock, overlay, dest, settings=Settings.from_options(args))
     elif state.state == "edited":
         print(f"{dest} already has edits; leaving them as they are.")
     print(f"checkout: {dest}")

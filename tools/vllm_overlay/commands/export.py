@@ -12,6 +12,7 @@ from vllm_overlay.commands._options import (
 )
 from vllm_overlay.errors import ExportMismatchError, UsageError
 from vllm_overlay.gitrepo import show_bytes
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay import history
 from vllm_overlay.overlay.checkout import apply_overlay, export_checked, is_checkout
 from vllm_overlay.overlay.importing import refuse_during_import
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.migrate:
         if args.check:
             raise UsageError("--migrate writes overlay/; it does not go with --check")
-        return _migrate(project, args.index_url)
+        return _migrate(project, Settings.from_options(args))
     if not args.check:
         refuse_during_rebase(project, "export")
     refuse_during_import(project, "export")
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_legacy(overlay)
     dest = checkout_of(args, project)
     if args.check and not is_checkout(dest):
-        apply_overlay(lock, overlay, dest, index_url=args.index_url)
+        apply_overlay(lock, overlay, dest, settings=Settings.from_options(args))
     res = export_checked(lock, overlay, dest, check=args.check)
     if args.check:
         if res.differs:
@@ -91,10 +92,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _migrate(project: Project, index_url: str | None) -> int:
+def _migrate(project: Project, settings: Settings) -> int:
     refuse_during_rebase(project, "export --migrate")
     lock, overlay = project.lock(), project.overlay()
-    repo, base = upstream_repo(lock, index_url=index_url)
+    repo, base = upstream_repo(lock, settings=settings)
     mig = plan_migration(lock, overlay, lambda path: show_bytes(repo, base, path))
     cfg = overlay.dir / CONFIG_NAME
     new_text = history.rewrite(cfg.read_text(), bump_revision=True)

@@ -6,6 +6,7 @@ import argparse
 
 from vllm_overlay.commands._options import add_index_url, add_source
 from vllm_overlay.envs import cache
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.trees import upstream_repo
@@ -38,12 +39,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     project = find_project()
     lock = project.lock()
-    repo, base = upstream_repo(
-        lock, source=args.source, index_url=args.index_url, git_url=args.git_url
-    )
+    settings = Settings.from_options(args)
+    repo, base = upstream_repo(lock, settings=settings)
     if args.wheels:
         for a in lock.wheels():
-            print(f"{a.filename}: {ensure_artifact(a, index_url=args.index_url)}")
+            print(f"{a.filename}: {ensure_artifact(a, settings=settings)}")
     print(f"{lock.upstream.name} {lock.upstream.version} ({args.source}) base {base}")
     cache.enforce_cap(keep=[repo])  # what was fetched is held in use: never removed here
     return 0

@@ -12,6 +12,7 @@ from vllm_overlay.commands._options import (
     checkout_of,
     refuse_during_rebase,
 )
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay import importing
 from vllm_overlay.overlay.project import find_project
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         from_release=args.from_release, paths=args.paths, base_release=args.base_release,
         id=args.id, title=args.title, why=args.why, origin=args.origin,
         drop_when=args.drop_when, tests=args.tests, upstream_tests=args.upstream_tests,
-        source=args.source, index_url=args.index_url, git_url=args.git_url,
+        settings=Settings.from_options(args),
     )  # fmt: skip
     return _report(importing.import_change(project, req))
 

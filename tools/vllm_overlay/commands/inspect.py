@@ -10,6 +10,7 @@ from typing import Any
 
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import OverlayError, UsageError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Artifact
 from vllm_overlay.pin.pinning import variant_projects
@@ -84,13 +85,13 @@ def _installed(args: argparse.Namespace) -> dict[str, Any]:
     return parse(d["provenance"].encode(), f"{d['location']}:{PROVENANCE_NAME}")
 
 
-def _diff(wheel: Path, doc: dict[str, Any], index_url: str | None) -> list[str]:
+def _diff(wheel: Path, doc: dict[str, Any], settings: Settings) -> list[str]:
     bw = doc.get("base_wheel")
     if not bw:
         return ["(no official wheel: this wheel was built from source)"]
     project = bw.get("project") or doc["name"]  # records before variants name no project
     art = Artifact("wheel", bw["filename"], bw["sha256"], bw["size"], project)
-    official = ensure_artifact(art, index_url=index_url)
+    official = ensure_artifact(art, settings=settings)
     return [f"members against {bw['filename']}:", *member_diff(official, wheel).lines()]
 
 
@@ -115,5 +116,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary(doc))
     if args.diff:
-        print("\n".join(_diff(args.wheel, doc, args.index_url)))
+        print("\n".join(_diff(args.wheel, doc, Settings.from_options(args))))
     return 0

@@ -6,6 +6,7 @@ import argparse
 
 from vllm_overlay.commands._options import add_index_url, refuse_during_rebase
 from vllm_overlay.errors import LockFileError, UsageError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.pin.lockfile import write_lock
 from vllm_overlay.pin.pinning import DEFAULT_GIT, check_lock, compute_lock
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_during_rebase(project, "lock")
     if args.check:
         lock = project.lock()
-        problems = check_lock(lock, overlay.all_files(), index_url=args.index_url)
+        problems = check_lock(lock, overlay.all_files(), settings=Settings.from_options(args))
         problems += source_problems(lock, project.root)
         if problems:
             raise LockFileError(
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         version=version,
         commit=commit,
         git_url=git_url,
-        index_url=args.index_url,
+        settings=Settings.from_options(args),
         project_root=project.root,
     )
     for n in plan.notes:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import UsageError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.track import render
 from vllm_overlay.track.outlook import outlook
@@ -72,11 +73,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     result = outlook(
         find_project(),
-        index_url=args.index_url,
+        settings=Settings.from_options(args),
         to=args.to,
         releases=only,
         tests=args.tests,
-        test_python=args.test_python,
     )
     data = result.to_json()
     if args.html:

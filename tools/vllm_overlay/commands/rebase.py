@@ -9,6 +9,7 @@ import sys
 from vllm_overlay import rebase
 from vllm_overlay.commands._options import add_checkout, add_index_url, add_source
 from vllm_overlay.errors import UsageError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.rebase.reportdata import (
     Aborted,
@@ -147,12 +148,9 @@ def run(args: argparse.Namespace) -> int:
         rep = rebase.start(
             project,
             args.to,
+            settings=Settings.from_options(args),
             commit=args.commit,
-            source=args.source,
-            index_url=args.index_url,
-            git_url=args.git_url,
             checkout=args.checkout,
-            test_python=args.test_python,
             direct=args.direct,
         )
     if args.json:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import UsageError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.testing import suite
 
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         junit_dir=args.junit,
         options=suite.RunOptions(timeout=args.timeout, workers=args.workers),
         env_provider=provider,
-        index_url=args.index_url,
+        settings=Settings.from_options(args),
         shard=suite.ShardSpec.parse(args.shard) if args.shard else None,
         durations=args.durations,
     )

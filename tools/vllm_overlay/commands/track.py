@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from vllm_overlay.commands._options import add_index_url
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.track.track import exit_code, track
 
@@ -82,9 +83,8 @@ def run(args: argparse.Namespace) -> int:
     rep = track(
         find_project(),
         to=args.to,
-        index_url=args.index_url,
+        settings=Settings.from_options(args),
         suite=args.suite,
-        test_python=args.test_python,
         report_dir=args.report_dir,
         engine=args.engine,
         max_jobs=args.max_jobs,

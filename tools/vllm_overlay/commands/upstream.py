@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from vllm_overlay.commands._options import add_index_url
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import find_project
 from vllm_overlay.upstream import texts
 from vllm_overlay.upstream.ready import upstream
@@ -79,7 +80,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = upstream(find_project(), args.change, out=args.out, prefix=args.prefix,
-                      index_url=args.index_url, test_python=args.test_python,
+                      settings=Settings.from_options(args),
                       assisted_by=args.assisted_by)  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from vllm_overlay.commands._options import add_index_url
 from vllm_overlay.errors import BuildError, OverlayError, UsageError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import Project, find_project
 from vllm_overlay.util import info
 from vllm_overlay.wheel.build import expectation_for
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                 doc = read_from_wheel(path)
             except BuildError:
                 doc = None  # verify_wheel reports what is wrong with it
-            expect = expectation_for(project, doc, index_url=args.index_url)
+            expect = expectation_for(project, doc, settings=Settings.from_options(args))
     result = verify_wheel(path, expect, install=not args.no_install)
     for check in result.passed:
         print(f"ok  {check}")

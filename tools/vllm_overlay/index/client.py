@@ -3,7 +3,8 @@ fallback) and the files they link, with credentials as pip finds them (``index/a
 and pip's TLS settings (``cert``: the CA bundle; ``client-cert``: one PEM with the key).
 
 No index host is written here: the index is --index-url, else what pip is configured with
-(PIP_INDEX_URL, pip.conf), else pip's own default, asked from the installed pip. pip's
+(PIP_INDEX_URL, pip.conf), else pip's own default, asked from the installed pip. A command
+makes its clients from its ``Settings`` (``index/settings.py``). pip's
 configuration is read by ``index/pipconfig.py`` (``pip_setting``, once per process; the
 installer passes it on to uv).
 Every URL that reaches a message goes through ``auth.redact``.
@@ -384,21 +385,6 @@ def parse_page(page: Page) -> list[IndexFile]:
             )
         )
     return out
-
-
-def list_files(project: str, index_url: str) -> list[IndexFile]:
-    """All files ``index_url`` lists for ``project`` (credentials as pip finds them)."""
-    return IndexClient([index_url]).list_files(project, index_url)
-
-
-def find_release_files(
-    project: str, version: str, index_urls: Sequence[str]
-) -> tuple[str, list[IndexFile]]:
-    return IndexClient(index_urls).find_release_files(project, version, index_urls)
-
-
-def find_file(filename: str, project: str, index_urls: Sequence[str]) -> IndexFile:
-    return IndexClient(index_urls).find_file(filename, project, index_urls)
 
 
 def release_of(filename: str, project: str) -> tuple[str, str] | None:

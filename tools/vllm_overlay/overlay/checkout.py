@@ -39,6 +39,7 @@ from vllm_overlay.gitrepo import (
     switch,
     uncommitted,
 )
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.commitwalk import TRAILER
 from vllm_overlay.overlay.model import Change, Overlay, overlay_digest, safe_join
 from vllm_overlay.overlay.series import (  # check_consistency: re-exported for rebase
@@ -111,12 +112,11 @@ def apply_overlay(
     dest: Path,
     *,
     force: bool = False,
-    source: str = "sdist",
-    index_url: str | None = None,
-    git_url: str | None = None,
+    settings: Settings = DEFAULTS,
 ) -> ApplyResult:
-    """Make ``dest`` the pinned upstream plus ``overlay`` (None: the pristine tree)."""
-    repo, base = upstream_repo(lock, source=source, index_url=index_url, git_url=git_url)
+    """Make ``dest`` the pinned upstream (from where ``settings`` say) plus ``overlay``
+    (None: the pristine tree)."""
+    repo, base = upstream_repo(lock, settings=settings)
     planned = plan(lock, overlay, repo, base) if overlay is not None else []
     digest = overlay_digest(overlay.dir) if overlay is not None else "pristine"
     dest = dest.absolute()

@@ -115,7 +115,7 @@ def import_change(project: Project, req: Request) -> Outcome:
     _check(req)
     refuse_during_import(project, "import")
     lock, overlay = project.lock(), project.overlay()
-    git_url = req.git_url or lock.upstream.git
+    git_url = req.settings.git_url or lock.upstream.git
     web = web_url(git_url)
     series = None if req.from_release else read_series(req, git_url)
     meta = release_meta(req, lock, web) if series is None else patch_meta(req, series, web)
@@ -128,8 +128,7 @@ def import_change(project: Project, req: Request) -> Outcome:
             "them (or discard them), then import again. Nothing was written."
         )
     if state.state != "matches":
-        apply_overlay(lock, overlay, req.checkout, source=req.source, git_url=req.git_url,
-                      index_url=req.index_url)  # fmt: skip
+        apply_overlay(lock, overlay, req.checkout, settings=req.settings)
     merged = _merge(req, lock, series)
     st = _write(project, req.checkout, meta, merged)
     if st.conflicted:
@@ -167,12 +166,12 @@ def _merge(req: Request, lock: Lock, series: PatchSeries | None) -> list[Merged]
     name = lock.upstream.name
     if series is None:
         assert req.from_release is not None and req.paths
-        _, repo, rev = release_tree(name, req.from_release, index_url=req.index_url)
+        _, repo, rev = release_tree(name, req.from_release, settings=req.settings)
         paths = release_paths(req.checkout, repo, rev, req.paths)
         return merge_release(req.checkout, paths, req.from_release, repo, rev)
     base = None
     if req.base_release:
-        _, repo, rev = release_tree(name, req.base_release, index_url=req.index_url)
+        _, repo, rev = release_tree(name, req.base_release, settings=req.settings)
         base = (req.base_release, repo, rev)
     return merge_patch(series, req.checkout, base)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_overlay.errors import ChangeImportError, UsageError
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.mbox import PatchSeries, parse_mbox
 from vllm_overlay.pin.lockfile import Lock
 
@@ -50,9 +51,7 @@ class Request:
     drop_when: str | None = None
     tests: list[str] | None = None
     upstream_tests: list[str] | None = None
-    source: str = "sdist"  # the checkout's pristine tree, where it is applied
-    index_url: str | None = None
-    git_url: str | None = None
+    settings: Settings = DEFAULTS  # the index; the checkout's pristine tree; --git-url
 
 
 def web_url(git_url: str) -> str | None:

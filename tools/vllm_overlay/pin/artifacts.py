@@ -19,7 +19,8 @@ from pathlib import Path
 
 from vllm_overlay.errors import DownloadError, IntegrityError
 from vllm_overlay.index.auth import redact
-from vllm_overlay.index.client import IndexClient, IndexFile, configured_index_urls
+from vllm_overlay.index.client import IndexClient, IndexFile
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.pin.lockfile import Artifact
 from vllm_overlay.util import cache_dir, exclusive_lock, hold, info, release, sha256_file, touch
 
@@ -116,7 +117,7 @@ def download_to(
 def ensure_artifact(
     a: Artifact,
     *,
-    index_url: str | None = None,
+    settings: Settings = DEFAULTS,
     verify_cached: bool = True,
     entry: IndexFile | None = None,
     mismatch: str = "",
@@ -146,19 +147,18 @@ def ensure_artifact(
     release(lock)  # this process's own shared lock would block its exclusive one
     with exclusive_lock(lock, what):
         if not dest.is_file():  # else another process fetched it while this one waited
-            _download(a, dest, root, index_url=index_url, entry=entry, mismatch=mismatch)
+            _download(a, dest, root, settings=settings, entry=entry, mismatch=mismatch)
     hold(lock, what)
     return dest
 
 
 def _download(
-    a: Artifact, dest: Path, root: Path, *, index_url: str | None, entry: IndexFile | None,
+    a: Artifact, dest: Path, root: Path, *, settings: Settings, entry: IndexFile | None,
     mismatch: str,
 ) -> None:  # fmt: skip
-    urls = configured_index_urls(index_url)
-    client = IndexClient(urls, timeout=120)
+    client = settings.client(timeout=120)
     if entry is None:
-        entry = client.find_file(a.filename, a.project, urls)
+        entry = client.find_file(a.filename, a.project, settings.index_urls)
     if entry.sha256 and entry.sha256 != a.sha256:
         raise IntegrityError(
             f"{a.filename}: the index publishes sha256 {entry.sha256}, but upstream.lock pins "

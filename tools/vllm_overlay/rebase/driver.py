@@ -28,6 +28,7 @@ from vllm_overlay.errors import (
     UsageError,
 )
 from vllm_overlay.gitrepo import config_get, config_set, set_ref, show_bytes, uncommitted
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay import history
 from vllm_overlay.overlay.checkout import APPLIED_REF, DIGEST_KEY, check_consistency
 from vllm_overlay.overlay.checkout import plan as plan_overlay
@@ -68,15 +69,13 @@ def start(
     project: Project,
     to: str,
     *,
+    settings: Settings = DEFAULTS,
     commit: str | None = None,
-    source: str = "sdist",
-    index_url: str | None = None,
-    git_url: str | None = None,
     checkout: Path | None = None,
-    test_python: str | None = None,
     direct: bool = False,
 ) -> RebaseReport | Noop:
-    """Begin a rebase onto ``to``; returns the report (complete, or stopped)."""
+    """Begin a rebase onto ``to``; returns the report (complete, or stopped). ``settings``
+    are kept in the state: --continue works with them again."""
     paths = Paths(project)
     with guard(paths):
         if paths.state.is_file():
@@ -88,9 +87,9 @@ def start(
         old_lock, overlay = project.lock(), project.overlay()
         check_consistency(old_lock, overlay)
         name = old_lock.upstream.name
-        remote = git_url or old_lock.upstream.git
+        remote = settings.git_url or old_lock.upstream.git
         version, commit = resolve_target(
-            to, name=name, git_url=remote, index_url=index_url, commit=commit
+            to, name=name, git_url=remote, settings=settings, commit=commit
         )
         if version == old_lock.upstream.version and commit in (None, old_lock.upstream.commit):
             return Noop(f"upstream.lock already pins {name} {version}.")
@@ -98,16 +97,16 @@ def start(
             direct = True  # backwards: no releases in between to walk
         info(f"pinning {name} {version}")
         lock_plan = pin(overlay, name=name, version=version, commit=commit, remote=remote,
-                        index_url=index_url, project_root=project.root)  # fmt: skip
+                        settings=settings, project_root=project.root)  # fmt: skip
         dest = (checkout or project.default_checkout).absolute()
         state = State(
             from_version=old_lock.upstream.version,
             from_commit=old_lock.upstream.commit,
             new_lock=render_lock(lock_plan.lock),
-            source=source,
-            index_url=index_url,
-            git_url=git_url,
-            test_python=test_python,
+            source=settings.source,
+            index_url=settings.index_url,
+            git_url=settings.git_url,
+            test_python=settings.test_python,
             checkout=record_checkout(dest, old_lock, overlay),
             direct=direct,
             commit_known=lock_plan.commit_resolved,
@@ -132,7 +131,7 @@ def start(
 def _path(ctx: Ctx) -> tuple[list[str], dict]:
     """The releases to walk, oldest first (the target last), and the index's releases."""
     st = ctx.state
-    found, notes = newer_releases(ctx.name, ctx.old_version, st.index_url, to=ctx.new_version)
+    found, notes = newer_releases(ctx.name, ctx.old_version, st.settings, to=ctx.new_version)
     for note in notes:
         info(note)
     releases = {r.version: r for r in found}
@@ -148,14 +147,13 @@ def _walker(ctx: Ctx, *, new: bool = False) -> Walker:
     if ctx.new_version not in releases:
         from vllm_overlay.rebase.releases import list_releases
 
-        everything = list_releases(ctx.name, st.index_url)
+        everything = list_releases(ctx.name, st.settings)
         if ctx.new_version in everything:
             releases[ctx.new_version] = everything[ctx.new_version]
-    host = SdistHost(ctx.old_lock, releases, index_url=st.index_url,
-                     test_python=st.test_python, work=paths.dir)  # fmt: skip
+    host = SdistHost(ctx.old_lock, releases, settings=st.settings, work=paths.dir)
     blobs = Blobs(paths.blobs)
     if new:
-        series = load_series(ctx.old_lock, ctx.overlay, st.index_url)
+        series = load_series(ctx.old_lock, ctx.overlay, st.settings)
         w = start_walk(ctx.name, ctx.old_version, path, series.steps, blobs)
         info(f"walking {ctx.name} {ctx.old_version} -> " + " -> ".join(path))
         st.walk = w.to_json()
@@ -344,9 +342,7 @@ def _advance(ctx: Ctx, walker: Walker) -> RebaseReport:
 
 def _finish(ctx: Ctx, walker: Walker) -> RebaseReport:
     st, project, w = ctx.state, ctx.paths.project, walker.walk
-    repo, base = upstream_repo(
-        ctx.new_lock, source=st.source, index_url=st.index_url, git_url=st.git_url
-    )
+    repo, base = upstream_repo(ctx.new_lock, settings=st.settings)
     carried = [c for c in w.order if c not in w.gone]
     touched = sorted({p for c in carried for p in w.forms[c].files})
     walked = walker.host.files(w.target, touched)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.gitrepo import git, show_bytes
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.checkout import check_consistency, plan
 from vllm_overlay.overlay.model import Change, Overlay, overlay_digest
 from vllm_overlay.pin.artifacts import ensure_artifact
@@ -50,13 +51,13 @@ class Series:
     digest: str
 
 
-def load_series(lock: Lock, overlay: Overlay, index_url: str | None = None) -> Series:
+def load_series(lock: Lock, overlay: Overlay, settings: Settings = DEFAULTS) -> Series:
     """Each change's files before and after it at the pin (the overlay's own ``plan`` over a
     tiny repository of the touched files, read from the pin's sdist)."""
     check_consistency(lock, overlay)
     paths = overlay.all_files()
     art = lock.sdist()
-    sdist = ensure_artifact(art, index_url=index_url)
+    sdist = ensure_artifact(art, settings=settings)
     pin = MemberCache().get(sdist, art.sha256, paths)
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-series-") as tmp:
         # A tiny repository of the touched files at the pin: the overlay's own plan reads them.
@@ -106,18 +107,18 @@ class Proof:
 
 
 class SdistHost:
-    """Releases read from their sdists; proofs run on their trees (``prove=False``: none)."""
+    """Releases read from their sdists; proofs run on their trees (``prove=False``: none)
+    with ``settings.test_python``."""
 
     def __init__(
-        self, lock: Lock, releases: dict[str, Release], *, index_url: str | None = None,
-        prove: bool = True, test_python: str | None = None, work: Path | None = None,
+        self, lock: Lock, releases: dict[str, Release], *, settings: Settings = DEFAULTS,
+        prove: bool = True, work: Path | None = None,
     ) -> None:  # fmt: skip
         self.lock = lock
         self.name = lock.upstream.name
         self.releases = releases
-        self.index_url = index_url
+        self.settings = settings
         self.prove = prove
-        self.test_python = test_python
         self.work = work
         self.members = MemberCache()
         self.timings: dict[str, float] = {}
@@ -136,11 +137,11 @@ class SdistHost:
     def _fetch_sdist(self, version: str) -> tuple[Path, str]:
         if version == self.lock.upstream.version:
             art = self.lock.sdist()
-            return ensure_artifact(art, index_url=self.index_url), art.sha256
+            return ensure_artifact(art, settings=self.settings), art.sha256
         rel = self.releases.get(version)
         if rel is None:
             raise OverlayError(f"{self.name} {version} is not among the releases of this walk.")
-        return ensure_sdist(rel, self.name), rel.artifact(self.name).sha256
+        return ensure_sdist(rel, self.name, self.settings), rel.artifact(self.name).sha256
 
     def files(self, version: str, paths: list[str]) -> dict[str, bytes | None]:
         sdist, sha = self._sdist(version)
@@ -162,7 +163,7 @@ class SdistHost:
 
     def tree(self, version: str) -> tuple[Path, str]:
         """(the git repository of the release's sdist, its commit)."""
-        return sdist_repo(self.lock_for(version), index_url=self.index_url)
+        return sdist_repo(self.lock_for(version), settings=self.settings)
 
     # -- proofs ------------------------------------------------------------------------------
 
@@ -181,7 +182,7 @@ class SdistHost:
         tree = proving.export_tree(repo, base, scratch / "tree")
         proving.write_files(tree, files or {})
         targets, notes = proving.stage_tests(tree, tests, ours)
-        runner = proving.runner_for(tree, self.test_python)
+        runner = proving.runner_for(tree, self.settings.test_python)
         res = proving.run_tests(runner, tree, targets, scratch / "work", scratch / "pytest.log")
         res.notes = notes
         if res.ok:
@@ -214,7 +215,7 @@ class SdistHost:
             present = [t for t in change.upstream_tests if t.partition("::")[0] in names]
             groups[f"upstream {change.id}"], _ = proving.stage_tests(tree, present, {})
         groups = {k: v for k, v in groups.items() if v}
-        runner = proving.runner_for(tree, self.test_python)
+        runner = proving.runner_for(tree, self.settings.test_python)
         runs = proving.run_groups(runner, tree, groups, scratch / "work", scratch / "pytest.log")
         seconds = round(time.monotonic() - started, 1)
         self.timings[version] = self.timings.get(version, 0.0) + seconds

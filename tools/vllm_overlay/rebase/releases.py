@@ -15,13 +15,8 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import IntegrityError, ReleaseError, UsageError
-from vllm_overlay.index.auth import redact
-from vllm_overlay.index.client import (
-    IndexFile,
-    configured_index_urls,
-    list_files,
-    release_of,
-)
+from vllm_overlay.index.client import IndexFile, release_of
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.pin.artifacts import ensure_artifact
 from vllm_overlay.pin.lockfile import Artifact
 
@@ -69,12 +64,13 @@ def _final(v: str) -> Version | None:
     return None if parsed.is_prerelease or parsed.is_devrelease else parsed
 
 
-def list_releases(name: str, index_url: str | None) -> dict[str, Release]:
+def list_releases(name: str, settings: Settings) -> dict[str, Release]:
     """Every final release of ``name`` the index lists, by version (first index wins)."""
     out: dict[str, Release] = {}
-    for url in configured_index_urls(index_url):
+    client = settings.client()
+    for url in settings.index_urls:
         seen: dict[str, Release] = {}
-        for f in list_files(name, url):
+        for f in client.list_files(name, url):
             found = release_of(f.filename, name)
             v = found[1] if found else None
             if v is None or _final(v) is None or v in out:
@@ -92,7 +88,7 @@ def list_releases(name: str, index_url: str | None) -> dict[str, Release]:
 def newer_releases(
     name: str,
     pinned: str,
-    index_url: str | None,
+    settings: Settings,
     *,
     to: str | None = None,
     only: list[str] | None = None,
@@ -102,8 +98,8 @@ def newer_releases(
     Default: every final release newer than ``pinned``. ``to``: those up to it (it must be a
     usable release). ``only``: exactly these (each must be usable).
     """
-    releases = list_releases(name, index_url)
-    where = ", ".join(redact(u) for u in configured_index_urls(index_url))
+    releases = list_releases(name, settings)
+    where = settings.where()
     asked = list(only or []) + ([to] if to else [])
     for v in asked:
         if _final(v) is None and v not in releases:
@@ -133,24 +129,25 @@ def newer_releases(
     return [r for r in chosen if r.usable], notes
 
 
-def newest_release(name: str, index_url: str | None) -> tuple[Release, list[str]]:
+def newest_release(name: str, settings: Settings) -> tuple[Release, list[str]]:
     """The newest usable final release, and notes on newer ones that are not usable."""
-    releases = sorted(list_releases(name, index_url).values(), key=lambda r: Version(r.version))
+    releases = sorted(list_releases(name, settings).values(), key=lambda r: Version(r.version))
     notes: list[str] = []
     for rel in reversed(releases):
         if rel.usable:
             return rel, notes
         notes.append(f"{name} {rel.version} skipped: {rel.why_not}")
-    where = ", ".join(redact(u) for u in configured_index_urls(index_url))
+    where = settings.where()
     raise ReleaseError(f"the package index ({where}) lists no usable final release of {name}.")
 
 
-def ensure_sdist(rel: Release, name: str) -> Path:
+def ensure_sdist(rel: Release, name: str, settings: Settings = DEFAULTS) -> Path:
     """The release's sdist in the artifact cache, downloaded once and checked against the
     sha256 the index publishes (a mismatch is refused, nothing is cached)."""
     assert rel.sdist is not None
     return ensure_artifact(
         rel.artifact(name),
+        settings=settings,
         entry=rel.sdist,
         verify_cached=False,
         mismatch=(

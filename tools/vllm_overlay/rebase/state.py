@@ -27,6 +27,7 @@ from vllm_overlay.gitrepo import (
     rev_parse,
     set_ref,
 )
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.checkout import (
     APPLIED_REF,
     DIGEST_KEY,
@@ -77,7 +78,7 @@ class State:
     from_version: str
     from_commit: str
     new_lock: str  # render_lock text of the new pin ([base] filled in at the end)
-    source: str
+    source: str  # these four: the Settings the rebase started with (``settings``)
     index_url: str | None
     git_url: str | None
     test_python: str | None
@@ -91,6 +92,12 @@ class State:
     sdist_commit: str | None = None  # the abbreviated commit the new sdist records
     pin_notes: list[str] = field(default_factory=list)  # e.g. a variant the release lacks
     commit_pending: bool = False  # every change settled; the full commit is asked for
+
+    @property
+    def settings(self) -> Settings:
+        """The settings the rebase started with: --continue works with them again."""
+        return Settings(index_url=self.index_url, source=self.source, git_url=self.git_url,
+                        test_python=self.test_python)  # fmt: skip
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

@@ -12,6 +12,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import RebaseError, UsageError
 from vllm_overlay.gitrepo import remote_git
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.model import Overlay
 from vllm_overlay.pin.lockfile import parse_lock, render_lock
 from vllm_overlay.pin.pinning import LockPlan, compute_lock
@@ -22,10 +23,10 @@ from vllm_overlay.util import info
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
-def latest_release(name: str, index_url: str | None) -> str:
+def latest_release(name: str, settings: Settings) -> str:
     """The newest final release of ``name`` on the package index that can be a target (its
     sdist listed and not yanked): the one list of releases, ``releases.newest_release``."""
-    rel, notes = newest_release(name, index_url)
+    rel, notes = newest_release(name, settings)
     for note in notes:
         info(note)
     return rel.version
@@ -59,11 +60,11 @@ def release_of_commit(git_url: str, commit: str) -> str:
 
 
 def resolve_target(
-    to: str, *, name: str, git_url: str, index_url: str | None, commit: str | None
+    to: str, *, name: str, git_url: str, settings: Settings, commit: str | None
 ) -> tuple[str, str | None]:
     """(version, commit or None) for ``--to`` (a version, ``latest``, or a full commit id)."""
     if to == "latest":
-        return latest_release(name, index_url), commit
+        return latest_release(name, settings), commit
     if _COMMIT_RE.match(to):
         if commit and commit != to:
             raise UsageError(f"--to {to} and --commit {commit} name different commits.")
@@ -80,7 +81,7 @@ def resolve_target(
 
 def pin(
     overlay: Overlay, *, name: str, version: str, commit: str | None, remote: str,
-    index_url: str | None, project_root: Path,
+    settings: Settings, project_root: Path,
 ) -> LockPlan:  # fmt: skip
     """The new pin ([base] is filled in at the end; an unresolvable commit is asked for then).
 
@@ -88,7 +89,7 @@ def pin(
     source with the project's constraints file for that release (``[[source]]``)."""
     plan = compute_lock(
         [], version=version, name=name, commit=commit, git_url=remote,
-        index_url=index_url, unresolved_ok=True, project_root=project_root,
+        settings=settings, unresolved_ok=True, project_root=project_root,
     )  # fmt: skip
     for note in plan.notes:
         info(note)

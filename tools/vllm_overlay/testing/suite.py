@@ -18,6 +18,7 @@ from pathlib import Path
 from vllm_overlay import util
 from vllm_overlay.errors import CorruptBaseline, UsageError
 from vllm_overlay.gitrepo import git
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.checkout import apply_overlay
 from vllm_overlay.overlay.model import Overlay
 from vllm_overlay.overlay.project import Project
@@ -121,7 +122,7 @@ class SuiteRequest:
     junit_dir: Path | None = None
     options: RunOptions = RunOptions()
     env_provider: EnvProvider = testenv_provider
-    index_url: str | None = None
+    settings: Settings = DEFAULTS  # the index (release files), its credentials and TLS
     shard: ShardSpec | None = None  # run only this shard's files (docs/suite.md, "Shards")
     durations: Path | None = None  # the split's durations; None: the project's
 
@@ -170,7 +171,7 @@ def _run_suite(project: Project, req: SuiteRequest, work: Path, junit_dir: Path)
                 f"suite: shard {req.shard.label}: {len(part.files)} test files (split {part.digest})"
             )
         env = req.env_provider(patched_tree)
-        base_sel = _pristine_selection(lock, selection, req.index_url)
+        base_sel = _pristine_selection(lock, selection, req.settings)
         baseline = _baseline(lock, work, req, env, base_sel)
         patched = run_side(
             Side("patched", patched_tree, selection, req.wheel),
@@ -257,15 +258,15 @@ def _patched_tree(lock: Lock, overlay: Overlay, work: Path, req: SuiteRequest) -
         return req.checkout.resolve()
     dest = work / "trees" / "patched"
     util.info(f"suite: making the patched tree in {dest}")
-    apply_overlay(lock, overlay, dest, force=True, index_url=req.index_url)
+    apply_overlay(lock, overlay, dest, force=True, settings=req.settings)
     return dest
 
 
 def _pristine_selection(
-    lock: Lock, selection: tuple[str, ...], index_url: str | None
+    lock: Lock, selection: tuple[str, ...], settings: Settings
 ) -> tuple[str, ...]:
     """The selection less the paths pristine upstream lacks (asked of its git repo)."""
-    repo, base = upstream_repo(lock, index_url=index_url)
+    repo, base = upstream_repo(lock, settings=settings)
     exists = [
         e
         for e in selection
@@ -325,8 +326,8 @@ def _run_baseline(
             "tests that passed on the patched tree"
         )
     pristine = work / "trees" / "pristine"
-    apply_overlay(lock, None, pristine, force=True, index_url=req.index_url)
-    wheel = None if req.wheel is None else ensure_artifact(lock.wheel(), index_url=req.index_url)
+    apply_overlay(lock, None, pristine, force=True, settings=req.settings)
+    wheel = None if req.wheel is None else ensure_artifact(lock.wheel(), settings=req.settings)
     return run_side(
         Side("baseline", pristine, selection, wheel, deselect),
         env,

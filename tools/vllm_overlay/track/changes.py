@@ -19,14 +19,16 @@ import shutil
 import time
 from pathlib import Path
 
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.testing import proving
 from vllm_overlay.track.trackdata import ChangeRun, ChangesProof
 from vllm_overlay.util import info
 
 
-def prove(project: Project, checkout: Path, *, test_python: str | None = None) -> ChangesProof:
-    """Run each carried change's tests on ``checkout``'s HEAD; the report's ``changes``."""
+def prove(project: Project, checkout: Path, *, settings: Settings = DEFAULTS) -> ChangesProof:
+    """Run each carried change's tests on ``checkout``'s HEAD (with ``settings.test_python``);
+    the report's ``changes``."""
     overlay = project.overlay()
     wanted = {c.id: list(c.tests) for c in overlay.changes if c.tests}
     untested = [c.id for c in overlay.changes if not c.tests]
@@ -39,7 +41,7 @@ def prove(project: Project, checkout: Path, *, test_python: str | None = None) -
     groups = {cid: proving.stage_tests(tree, tests, {})[0] for cid, tests in wanted.items()}
     info(f"running the carried changes' own tests on the rebased tree ({len(groups)} changes)")
     runs = proving.run_groups(
-        proving.runner_for(tree, test_python),
+        proving.runner_for(tree, settings.test_python),
         tree,
         groups,
         scratch / "work",

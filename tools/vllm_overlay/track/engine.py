@@ -21,6 +21,7 @@ import sys
 import time
 
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.index.settings import Settings
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.process import run
 from vllm_overlay.track.trackdata import EngineBuild, EngineProof, EngineTests, Wheel
@@ -38,7 +39,7 @@ def pins_a_source_build(project: Project) -> bool:
 
 
 def prove(
-    project: Project, *, index_url: str | None, max_jobs: int | None,
+    project: Project, *, settings: Settings, max_jobs: int | None,
     build_python: str | None = None,
 ) -> EngineProof:  # fmt: skip
     """Compile the test build of what the lock pins as built from source (into
@@ -46,7 +47,7 @@ def prove(
     built from the release's constraints file), then run the engine tests; returns the
     report's ``engine`` entry (``ok``, ``build``, ``tests``)."""
     builds = project.lock().source_line()
-    build = _build(project, index_url=index_url, max_jobs=max_jobs, build_python=build_python)
+    build = _build(project, settings=settings, max_jobs=max_jobs, build_python=build_python)
     if not build.ok:
         return EngineProof(False, builds, build)
     tests = _engine_tests(project, max_jobs=max_jobs)
@@ -54,7 +55,7 @@ def prove(
 
 
 def _build(
-    project: Project, *, index_url: str | None, max_jobs: int | None, build_python: str | None
+    project: Project, *, settings: Settings, max_jobs: int | None, build_python: str | None
 ) -> EngineBuild:
     from vllm_overlay.envs.buildenv import build_env_python
     from vllm_overlay.wheel.build import build
@@ -72,7 +73,7 @@ def _build(
             project,
             BuildOptions(
                 strategy="auto", out=project.work_dir / "dist", variants=variants,
-                platforms=platforms, index_url=index_url,
+                platforms=platforms, settings=settings,
                 python=build_python or sys.executable,
                 build_env=None if build_python else build_env_python,
                 source=SourceSettings(max_jobs=max_jobs), test_build=True,

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.model import Change
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.overlay.standing import NOT_YET
@@ -133,28 +134,27 @@ def _walk(series: Series, host: SdistHost, path: list[str], found: dict, key_bas
 def outlook(
     project: Project,
     *,
-    index_url: str | None = None,
+    settings: Settings = DEFAULTS,
     to: str | None = None,
     releases: list[str] | None = None,
     tests: bool = False,
-    test_python: str | None = None,
     progress: bool = True,
 ) -> Outlook:
     """The outlook of the project's series over the releases asked for. ``progress``: the
     walk over every release says each release and verdict on stderr as it decides it (the
     walks to each target and the direct jumps, which repeat its decisions, stay quiet)."""
     lock, overlay = project.lock(), project.overlay()
-    series = load_series(lock, overlay, index_url)
+    series = load_series(lock, overlay, settings)
     name, pin = lock.upstream.name, lock.upstream.version
-    chosen, skipped = newer_releases(name, pin, index_url, to=to, only=releases)
+    chosen, skipped = newer_releases(name, pin, settings, to=to, only=releases)
     found = records.load(*records.stores(project).values())
     digest = hashlib.sha256()
     for k in sorted(found):
         digest.update(found[k].to_json().encode())
     key_base = json.dumps([FORMAT, _code_digest(), series.digest, digest.hexdigest(),
-                           test_python or ""])  # fmt: skip
-    host = SdistHost(lock, {r.version: r for r in chosen}, index_url=index_url, prove=tests,
-                     test_python=test_python, work=cache_dir() / "outlook" / "runs")  # fmt: skip
+                           (tests and settings.test_python) or ""])  # fmt: skip
+    host = SdistHost(lock, {r.version: r for r in chosen}, settings=settings, prove=tests,
+                     work=cache_dir() / "outlook" / "runs")  # fmt: skip
     path = [r.version for r in chosen]
     columns: list[Column] = []
     targets: list[dict] = []
@@ -163,14 +163,14 @@ def outlook(
         main = _walk(series, host, path, found, key_base, prove=tests, memo=memo0,
                      report=progress)  # fmt: skip
         columns = _columns(series, host, main)
-        cheap = SdistHost(lock, host.releases, index_url=index_url, prove=False)
+        cheap = SdistHost(lock, host.releases, settings=settings, prove=False)
         memo = memo0  # the walks to each target share most of their decisions
         for i, v in enumerate(path):
             walked = main if i == len(path) - 1 and not tests else _walk(
                 series, cheap, path[: i + 1], found, key_base, prove=False, memo=memo)  # fmt: skip
             direct = _walk(series, cheap, [v], found, key_base, prove=False, memo=memo)
             targets.append({"version": v, "walk": walked["stops"], "direct": direct["stops"]})
-    known = sorted(list_releases(name, index_url), key=Version)
+    known = sorted(list_releases(name, settings), key=Version)
     changes = [
         {"id": s.change.id, "title": s.change.title, "drop_when": s.change.drop_when,
          "drop_condition": s.change.drop_condition,

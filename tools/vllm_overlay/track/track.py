@@ -30,6 +30,7 @@ from packaging.version import Version
 from vllm_overlay import rebase
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.gitrepo import git, rev_parse, show_bytes
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.rebase import records
 from vllm_overlay.rebase.releases import newer_releases, newest_release
@@ -55,9 +56,8 @@ def track(
     project: Project,
     *,
     to: str | None = None,
-    index_url: str | None = None,
+    settings: Settings = DEFAULTS,
     suite: bool = False,
-    test_python: str | None = None,
     report_dir: Path | None = None,
     engine: str = "auto",
     max_jobs: int | None = None,
@@ -73,10 +73,10 @@ def track(
         lock = project.lock()
         name, pinned = lock.upstream.name, lock.upstream.version
         if to:
-            rel = newer_releases(name, pinned, index_url, only=[to])[0][0]
+            rel = newer_releases(name, pinned, settings, only=[to])[0][0]
             notes: list[str] = []
         else:
-            rel, notes = newest_release(name, index_url)
+            rel, notes = newest_release(name, settings)
         rep = TrackReport(name, pinned, rel.version, notes)
         if rel.version == pinned:
             rep.status, rep.message = UP_TO_DATE, f"upstream.lock already pins {name} {pinned}."
@@ -85,10 +85,7 @@ def track(
         copy = _copy(project, rel.version, rep)
         checkout = copy.project.default_checkout
         try:
-            result = rebase.start(
-                copy.project, rel.version, index_url=index_url, checkout=checkout,
-                test_python=test_python,
-            )  # fmt: skip
+            result = rebase.start(copy.project, rel.version, settings=settings, checkout=checkout)
         except OverlayError as e:
             rep.status, rep.rebase = NEEDS_PERSON, Failed(str(e))
             track_report.write(rep, report_dir)
@@ -97,18 +94,18 @@ def track(
         rep.rebase = result
         if result.stopped_at is not None:
             rep.status = NEEDS_PERSON
-            rep.walked_to = _walk_up_to_the_stop(copy, result, index_url, test_python)
+            rep.walked_to = _walk_up_to_the_stop(copy, result, settings)
             git("commit", "-q", "--no-verify", "--allow-empty", "-m", _stop_message(rep),
                 cwd=copy.worktree)  # fmt: skip
             rep.commit = rev_parse(copy.worktree, "HEAD")
             track_report.write(rep, report_dir)
             return rep
         try:
-            rep.changes = track_changes.prove(copy.project, checkout, test_python=test_python)
+            rep.changes = track_changes.prove(copy.project, checkout, settings=settings)
         except OverlayError as e:
             rep.changes = ChangesProof(ok=False, error=str(e))
         if suite:
-            rep.suite = _suite(copy.project, index_url)
+            rep.suite = _suite(copy.project, settings)
         git("add", "-A", "--", str(copy.project.lock_path), str(copy.project.overlay_dir),
             cwd=copy.worktree)  # fmt: skip
         git("commit", "-q", "--no-verify", "-m", _message(result), cwd=copy.worktree)
@@ -116,7 +113,7 @@ def track(
         if engine == "always" or (
             engine == "auto" and track_engine.pins_a_source_build(copy.project)
         ):
-            rep.engine = track_engine.prove(copy.project, index_url=index_url,
+            rep.engine = track_engine.prove(copy.project, settings=settings,
                                             max_jobs=max_jobs, build_python=build_python)  # fmt: skip
         rep.status = READY if rep.proofs_ok() else NEEDS_PERSON
         track_report.write(rep, report_dir)
@@ -136,8 +133,8 @@ def _copy(project: Project, version: str, rep: TrackReport) -> worktrees.Copy:
     return copy
 
 
-def _walk_up_to_the_stop(copy: worktrees.Copy, result: RebaseReport, index_url: str | None,
-                         test_python: str | None) -> str | None:  # fmt: skip
+def _walk_up_to_the_stop(copy: worktrees.Copy, result: RebaseReport,
+                         settings: Settings) -> str | None:  # fmt: skip
     """Move the copy to the newest release before the stop that the walk reaches without a
     person (the outlook's count of stops for that target is 0), and stage it: the branch
     then starts the person from there. Returns that release (None: there is none, or the
@@ -148,7 +145,7 @@ def _walk_up_to_the_stop(copy: worktrees.Copy, result: RebaseReport, index_url: 
     rebase.abort(copy.project)
     if stop is None or not stop.release:
         return None
-    look = outlook(copy.project, index_url=index_url, to=stop.release, progress=False)
+    look = outlook(copy.project, settings=settings, to=stop.release, progress=False)
     clear = [t["version"] for t in look.targets
              if not t["walk"] and Version(t["version"]) < Version(stop.release)]  # fmt: skip
     if not clear:
@@ -157,8 +154,8 @@ def _walk_up_to_the_stop(copy: worktrees.Copy, result: RebaseReport, index_url: 
     info(f"moving the branch to {before}, the newest release before the stop that the walk "
          "reaches without a person")  # fmt: skip
     try:
-        got = rebase.start(copy.project, before, index_url=index_url,
-                           checkout=copy.project.default_checkout, test_python=test_python)  # fmt: skip
+        got = rebase.start(copy.project, before, settings=settings,
+                           checkout=copy.project.default_checkout)  # fmt: skip
     except OverlayError as e:
         info(f"the walk to {before} did not complete ({e}); the branch stays at the pin")
         return None
@@ -208,12 +205,12 @@ def _add_records(project: Project, found: dict[str, bytes]) -> None:
         info(f"read {len(found)} resolution record(s) from the previous tracking branch")
 
 
-def _suite(project: Project, index_url: str | None) -> SuiteProof:
+def _suite(project: Project, settings: Settings) -> SuiteProof:
     from vllm_overlay.testing import suite
 
     info("running vLLM's kv_connector suite on the rebased tree (patched vs pristine)")
     try:
-        req = suite.SuiteRequest(index_url=index_url)
+        req = suite.SuiteRequest(settings=settings)
         outcome = suite.run_suite(project, req)
     except OverlayError as e:
         return SuiteProof(ok=False, error=str(e))

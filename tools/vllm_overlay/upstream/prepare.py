@@ -31,10 +31,11 @@ from pathlib import Path
 
 from vllm_overlay.errors import UpstreamError
 from vllm_overlay.gitrepo import git, merge_file, open_repo, run_git, show_bytes, switch
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.checkout import plan
 from vllm_overlay.overlay.model import Change, Overlay, safe_join
 from vllm_overlay.pin.lockfile import Lock
-from vllm_overlay.pin.trees import BASE_REF, upstream_repo
+from vllm_overlay.pin.trees import BASE_REF, sdist_repo
 from vllm_overlay.rebase.records import split_diff3
 from vllm_overlay.upstream import scrub
 
@@ -97,10 +98,10 @@ def _imported_helpers(path: str, text: str) -> list[str]:
     return [m.replace(".", "/") + ".py" for m in mods if m.startswith("tests.")]
 
 
-def prepare(lock: Lock, overlay: Overlay, change_id: str, *, index_url: str | None = None
+def prepare(lock: Lock, overlay: Overlay, change_id: str, *, settings: Settings = DEFAULTS
             ) -> tuple[Prepared, Path, str]:  # fmt: skip
     """The change's files for upstream; with the release's repository and base commit."""
-    repo, base = upstream_repo(lock, source="sdist", index_url=index_url)
+    repo, base = sdist_repo(lock, settings=settings)
     planned = plan(lock, overlay, repo, base)
     order = [pc.change.id for pc in planned]
     wanted: set[str] = set()

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from vllm_overlay.errors import UpstreamError, UsageError
 from vllm_overlay.gitrepo import last_commit_date, show_bytes, user_config, user_identity
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.testing import junit, proving
 from vllm_overlay.upstream import checklist, ci, scrub, texts
@@ -117,10 +118,10 @@ def _trim(line: str, width: int = 200) -> str:
 
 
 def upstream(project: Project, change_id: str, *, out: Path | None = None,
-             prefix: str | None = None, index_url: str | None = None,
-             test_python: str | None = None, assisted_by: str | None = None
-             ) -> dict:  # fmt: skip
-    """Prepare ``change_id`` for upstream into ``out``; the report (raises when refused)."""
+             prefix: str | None = None, settings: Settings = DEFAULTS,
+             assisted_by: str | None = None) -> dict:  # fmt: skip
+    """Prepare ``change_id`` for upstream into ``out``; the report (raises when refused).
+    Its tests run with ``settings.test_python`` (None: the hooks' Python)."""
     started = time.monotonic()
     lock, overlay = project.lock(), project.overlay()
     change = overlay.change(change_id)
@@ -134,7 +135,7 @@ def upstream(project: Project, change_id: str, *, out: Path | None = None,
     out = (out or default_out(project, change_id)).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     info(f"upstream: {change_id} as {name} {release} would take it")
-    prep, repo, base = prep_.prepare(lock, overlay, change_id, index_url=index_url)
+    prep, repo, base = prep_.prepare(lock, overlay, change_id, settings=settings)
     title = f"{prefix or texts.prefix_for(change)} {change.title}"
     if not prep_.title_ok(title):
         raise UsageError(f"{title!r} does not follow vLLM's title rule: [Tag] prefixes, a "
@@ -153,7 +154,7 @@ def upstream(project: Project, change_id: str, *, out: Path | None = None,
     stage.chmod(0o755)  # what mkdir would make (mkdtemp's is private)
     try:
         report = _build(project, prep, repo, base, stage, title, message, who, targets,
-                        test_python, helper)  # fmt: skip
+                        settings.test_python, helper)  # fmt: skip
         report["seconds"] = round(time.monotonic() - started, 1)
         if not report["ok"]:
             refused = out.parent / f"{out.name}.refused.json"

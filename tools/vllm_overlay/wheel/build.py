@@ -25,6 +25,7 @@ from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import BuildError, LockFileError, PreflightError, UsageError
 from vllm_overlay.gitrepo import git, show_bytes
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.checkout import apply_overlay, is_checkout, plan
 from vllm_overlay.overlay.model import overlay_digest
 from vllm_overlay.overlay.project import Project
@@ -120,7 +121,7 @@ def build_tree(p: BuildPlan, opts: BuildOptions) -> Path:
         git("clean", "-q", "-ffdx", "-e", "/build/", "-e", "/.deps/", cwd=dest)
     elif dest.exists():
         shutil.rmtree(dest)
-    apply_overlay(p.lock, p.overlay, dest, index_url=opts.index_url)
+    apply_overlay(p.lock, p.overlay, dest, settings=opts.settings)
     return dest
 
 
@@ -132,7 +133,7 @@ def official_wheel(p: BuildPlan, opts: BuildOptions) -> tuple[OfficialWheel, Bui
     with the files as that wheel must carry them (``variant.onto_official``: a variant's
     own edits of a file the overlay patches are kept)."""
     assert p.official is not None
-    wheel = read_official(ensure_artifact(p.official, index_url=opts.index_url))
+    wheel = read_official(ensure_artifact(p.official, settings=opts.settings))
     files = onto_official(
         p.files,
         wheel,
@@ -301,7 +302,7 @@ def _setup_build(
     official_path = None
     official_meta = None
     if p.official is not None and p.choice.strategy == "precompiled":
-        official_path = ensure_artifact(p.official, index_url=opts.index_url)
+        official_path = ensure_artifact(p.official, settings=opts.settings)
         ow = read_official(official_path)
         official_meta = ow.read(f"{ow.dist_info}/METADATA")
     tree = build_tree(p, opts)
@@ -515,18 +516,18 @@ def _build_one(
 
 
 def expectation_for(
-    project: Project, doc: dict[str, Any] | None, *, index_url: str | None = None
+    project: Project, doc: dict[str, Any] | None, *, settings: Settings = DEFAULTS
 ) -> Expectation:
     """What the project says a wheel with provenance ``doc`` must hold (for verify)."""
     lock, overlay = project.lock(), project.overlay()
-    repo, base = upstream_repo(lock, index_url=index_url)
+    repo, base = upstream_repo(lock, settings=settings)
     files = changed_files(lock, overlay, plan(lock, overlay, repo, base), package_name(lock))
     official = None
     bw = (doc or {}).get("base_wheel")
     if bw:
         pinned = [a for a in lock.wheels() if a.filename == bw["filename"]]
         if pinned and pinned[0].sha256 == bw["sha256"]:
-            official = ensure_artifact(pinned[0], index_url=index_url)
+            official = ensure_artifact(pinned[0], settings=settings)
             files = onto_official(
                 files, read_official(official), lambda p: show_bytes(repo, base, p), bw["filename"]
             )

@@ -15,6 +15,7 @@ from packaging.utils import canonicalize_name
 
 from vllm_overlay.errors import UsageError
 from vllm_overlay.gitrepo import show_bytes
+from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.checkout import plan
 from vllm_overlay.overlay.model import Overlay, overlay_digest
 from vllm_overlay.overlay.project import Project
@@ -49,7 +50,7 @@ class BuildOptions:
     keep_release_version: bool = False
     variants: tuple[str, ...] = ()
     platforms: tuple[str, ...] = ()
-    index_url: str | None = None
+    settings: Settings = DEFAULTS  # the index, its credentials and TLS
     python: str = sys.executable  # the build environment (precompiled, source)
     source: SourceSettings = field(default_factory=SourceSettings)
     dry_run: bool = False
@@ -160,7 +161,7 @@ def inputs(project: Project, opts: BuildOptions) -> Inputs:
     if opts.strategy not in STRATEGIES:
         raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}")
     lock, overlay = project.lock(), project.overlay()
-    repo, base = upstream_repo(lock, index_url=opts.index_url)
+    repo, base = upstream_repo(lock, settings=opts.settings)
     package = package_name(lock)
     files = changed_files(lock, overlay, plan(lock, overlay, repo, base), package)
     classes = {f.path: classify(f.path, package, added=f.kind == "added") for f in files}
