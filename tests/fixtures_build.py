@@ -35,7 +35,7 @@ def members(path: Path) -> dict[str, bytes]:
 
 def raw_member(path: Path, name: str) -> tuple[int, int, bytes]:
     """(CRC, compress_type, compressed bytes) of one member, read from the archive."""
-    from vllm_overlay.wheel.zipcopy import locate_members
+    from vllm_overlay.wheel.zipread import locate_members
 
     for m in locate_members(path):
         if m.name == name:

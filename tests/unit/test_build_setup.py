@@ -15,12 +15,8 @@ from fixtures_build import (
     build_args,
 )
 from packaging.requirements import Requirement
-from vllm_overlay.wheel.setupbuild import (
-    Probe,
-    SourceSettings,
-    check_environment,
-    check_toolchain,
-)
+from vllm_overlay.wheel.preflight import Probe, check_environment, check_toolchain
+from vllm_overlay.wheel.setupbuild import SourceSettings
 
 
 def test_precompiled_refuses_a_cpu_torch_before_building(fproject, cli, tmp_path, cpu_torch):

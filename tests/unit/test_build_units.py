@@ -20,7 +20,8 @@ from vllm_overlay.wheel.metadata import (
 )
 from vllm_overlay.wheel.provenance import ChangedFile
 from vllm_overlay.wheel.strategy import choose_strategy, classify
-from vllm_overlay.wheel.zipcopy import ZipWriter, locate_members
+from vllm_overlay.wheel.zipcopy import ZipWriter
+from vllm_overlay.wheel.zipread import locate_members
 
 DT = (2026, 1, 1, 0, 0, 0)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from vllm_overlay import process, util
-from vllm_overlay.envs import childenv, testenv, tritoncpu
+from vllm_overlay.envs import childenv, testenv, testfiles, tritoncpu
 from vllm_overlay.errors import BusyError, OverlayError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,9 +122,9 @@ def test_platform_plugin_selects_the_cpu_platform(tmp_path):
     files = dict(testenv.recipe(make_tree(tmp_path)).plugin_files)
     pyproject = tomllib.loads(files["pyproject.toml"])
     entry_points = pyproject["project"]["entry-points"]["vllm.platform_plugins"]
-    assert entry_points == {testenv.PLUGIN_ENTRY_POINT: f"{testenv.PLUGIN_MODULE}:cpu_platform"}
+    assert entry_points == {testfiles.PLUGIN_ENTRY_POINT: f"{testfiles.PLUGIN_MODULE}:cpu_platform"}
     namespace: dict[str, object] = {}
-    exec(files[f"{testenv.PLUGIN_MODULE}.py"], namespace)
+    exec(files[f"{testfiles.PLUGIN_MODULE}.py"], namespace)
     assert namespace["cpu_platform"]() == "vllm.platforms.cpu.CpuPlatform"
 
 
@@ -159,7 +159,7 @@ def test_a_tree_that_requires_triton_on_x86_gets_the_test_backend_and_a_cpu_vers
     assert shim["project"]["entry-points"]["triton.backends"] == {
         "cpu": "vllm_overlay_triton_cpu_shim"
     }
-    marker = tomllib.loads(dict(testenv.version_marker_files(rec.cpu_version))["pyproject.toml"])
+    marker = tomllib.loads(dict(testfiles.version_marker_files(rec.cpu_version))["pyproject.toml"])
     assert marker["project"]["name"] == "vllm" and marker["project"]["version"] == "9.9.9+cpu"
     assert marker["tool"]["setuptools"]["packages"] == []  # metadata only: vLLM is the tree's
     local = [Path("shim"), Path("marker")]
@@ -176,7 +176,7 @@ def test_a_tree_that_requires_triton_on_x86_gets_the_test_backend_and_a_cpu_vers
     (site / "vllm-9.9.9+cpu.dist-info/METADATA").write_text(
         "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9+cpu\n"
     )
-    testenv.put_version_first(site)
+    testfiles.put_version_first(site)
     (new / "vllm" / "__init__.py").write_text("")
     (new / "vllm.egg-info").mkdir()
     (new / "vllm.egg-info/PKG-INFO").write_text(
@@ -231,7 +231,7 @@ def test_environ_runs_vllm_from_the_tree_offline_on_cpu(tmp_path):
     environ = env.environ(tmp_path / "work", tree)
     assert environ["PYTHONPATH"] == str(tree.resolve())
     assert environ["HF_HUB_OFFLINE"] == "1"
-    assert environ["HF_HOME"] == str(env.path / testenv.HF_HOME)
+    assert environ["HF_HOME"] == str(env.path / testfiles.HF_HOME)
     assert environ["VLLM_TARGET_DEVICE"] == "cpu"
     assert environ["VLLM_NO_USAGE_STATS"] == "1"
     assert environ["PATH"].split(os.pathsep)[0] == str(env.python.parent)
@@ -394,7 +394,7 @@ def test_freeze_writes_sorted_pins_without_the_generated_plugin(tmp_path):
     env.path.mkdir()
     (env.path / testenv.FREEZE).write_text(
         "torch==2.13.0+cpu\nNumPy==2.3.5\n"
-        f"{testenv.PLUGIN_DIST} @ file:///tmp/src/{testenv.PLUGIN_DIST}\naiohttp==3.13.3\n"
+        f"{testfiles.PLUGIN_DIST} @ file:///tmp/src/{testfiles.PLUGIN_DIST}\naiohttp==3.13.3\n"
         f"{tritoncpu.DIST} @ file:///tmp/src/triton_cpu_shim\nvllm @ file:///tmp/src/marker\n"
     )
     text = testenv.freeze_constraints(env, testenv.recipe(released_tree(tmp_path / "t")))

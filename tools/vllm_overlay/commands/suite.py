@@ -43,6 +43,31 @@ not run makes the merge fail, naming it. See docs/suite.md.
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    _what_to_test(p)
+    _baseline_options(p)
+    _where_options(p)
+    _shard_options(p)
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON (for CI)")
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=int,
+        default=suite.DEFAULT_TIMEOUT,
+        help=f"per-test timeout (default {suite.DEFAULT_TIMEOUT})",
+    )
+    p.add_argument(
+        "--workers",
+        metavar="N",
+        type=int,
+        default=suite.DEFAULT_WORKERS,
+        help=f"pytest-xdist workers (default {suite.DEFAULT_WORKERS}); 0 runs without "
+        "pytest-xdist, and then a crashing test ends the run",
+    )
+    add_index_url(p)
+
+
+def _what_to_test(p: argparse.ArgumentParser) -> None:
+    """The tree and the tests in it."""
     p.add_argument(
         "--checkout",
         metavar="DIR",
@@ -57,6 +82,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=(),
         help="test paths (or node ids) relative to the vLLM tree, instead of the default",
     )
+
+
+def _baseline_options(p: argparse.ArgumentParser) -> None:
+    """Whether and how pristine upstream runs beside the patched tree."""
     group = p.add_mutually_exclusive_group()
     group.add_argument(
         "--baseline",
@@ -82,6 +111,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         "pass on the patched tree (all are still collected): the same verdict in a fraction "
         "of the time, but 'fixed' is not known and nothing is cached (CI uses this)",
     )
+
+
+def _where_options(p: argparse.ArgumentParser) -> None:
+    """The code and the environment the tests run in, and where their reports go."""
     p.add_argument(
         "--wheel",
         metavar="WHL",
@@ -97,6 +130,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--junit", metavar="DIR", type=Path, help="write baseline.xml and patched.xml here"
     )
+
+
+def _shard_options(p: argparse.ArgumentParser) -> None:
+    """One share of the run on each of several machines, and the merge of their results."""
     split = p.add_mutually_exclusive_group()
     split.add_argument(
         "--shard",
@@ -119,23 +156,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="seconds per test file that --shard balances by (default: suite-durations.json "
         "in the project)",
     )
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON (for CI)")
-    p.add_argument(
-        "--timeout",
-        metavar="SECONDS",
-        type=int,
-        default=suite.DEFAULT_TIMEOUT,
-        help=f"per-test timeout (default {suite.DEFAULT_TIMEOUT})",
-    )
-    p.add_argument(
-        "--workers",
-        metavar="N",
-        type=int,
-        default=suite.DEFAULT_WORKERS,
-        help=f"pytest-xdist workers (default {suite.DEFAULT_WORKERS}); 0 runs without "
-        "pytest-xdist, and then a crashing test ends the run",
-    )
-    add_index_url(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -90,21 +90,36 @@ def walk_series(checkout: Path, overlay: Overlay) -> tuple[str, list[Segment]]:
             f"{checkout} is not a vllm-overlay checkout (no {BASE_REF}). Create one with "
             "`vllm-overlay apply --checkout DIR` or `vllm-overlay edit`."
         )
+    segments = _group(checkout, overlay, base)
+    _check_order(checkout, overlay, segments)
+    _start_last(checkout, overlay, segments)
+    seen = {s.change.id for s in segments}
+    missing = [c.id for c in overlay.changes if c.id not in seen]
+    if missing:
+        raise OverlayError(
+            f"overlay/{CONFIG_NAME} lists change(s) {missing} that have no commit in "
+            f"{checkout}. Only the last change may be started from uncommitted work. Make the "
+            "checkout from the overlay again (`vllm-overlay apply --force` stashes your edits), "
+            "or move the new change last in overlay.toml."
+        )
+    prev_end = base
+    for s in segments:
+        s.before = prev_end
+        s.after = s.commits[-1] if s.commits else prev_end
+        prev_end = s.after
+    if segments:
+        segments[-1].after = WORKTREE
+    return base, segments
+
+
+def _group(checkout: Path, overlay: Overlay, base: str) -> list[Segment]:
+    """The commits above ``base``, grouped by the change each belongs to (its trailer, else the
+    change of the commit below it), in the checkout's order."""
     ids = [c.id for c in overlay.changes]
     segments: list[Segment] = []
     seen: set[str] = set()
-    fixup = f"git rebase -i --autosquash {BASE_REF}"
     for c in _commits(checkout, base):
-        if c.subject.startswith(_UNSQUASHED):
-            raise OverlayError(
-                f"commit {c.id[:12]} ({c.subject!r}) is not squashed into its change yet. "
-                f"Run `git -C {checkout} {fixup}`, then export again."
-            )
-        if len(set(c.trailers)) > 1:
-            raise OverlayError(
-                f"commit {c.id[:12]} names several changes ({', '.join(c.trailers)}); a commit "
-                f"belongs to one change. Split it (`git -C {checkout} rebase -i {BASE_REF}`)."
-            )
+        _check_commit(checkout, c)
         if not c.trailers:
             if not segments:
                 raise OverlayError(
@@ -132,40 +147,49 @@ def walk_series(checkout: Path, overlay: Overlay) -> tuple[str, list[Segment]]:
             )
         seen.add(cid)
         segments.append(Segment(overlay.change(cid), [c.id]))
+    return segments
+
+
+def _check_commit(checkout: Path, c: _Commit) -> None:
+    """Refuse a commit that is not squashed yet or that names several changes."""
+    if c.subject.startswith(_UNSQUASHED):
+        raise OverlayError(
+            f"commit {c.id[:12]} ({c.subject!r}) is not squashed into its change yet. "
+            f"Run `git -C {checkout} rebase -i --autosquash {BASE_REF}`, then export again."
+        )
+    if len(set(c.trailers)) > 1:
+        raise OverlayError(
+            f"commit {c.id[:12]} names several changes ({', '.join(c.trailers)}); a commit "
+            f"belongs to one change. Split it (`git -C {checkout} rebase -i {BASE_REF}`)."
+        )
+
+
+def _check_order(checkout: Path, overlay: Overlay, segments: list[Segment]) -> None:
+    """Refuse a checkout whose changes are in another order than overlay.toml's."""
     order = [s.change.id for s in segments]
-    if order != [i for i in ids if i in seen]:
+    expected = [c.id for c in overlay.changes if c.id in order]
+    if order != expected:
         raise OverlayError(
             f"the checkout has the changes in the order {order}, overlay/{CONFIG_NAME} in the "
-            f"order {[i for i in ids if i in seen]}. A patch applies to the tree the changes "
+            f"order {expected}. A patch applies to the tree the changes "
             "before it leave, so the two must agree: reorder the [[change]] tables or the "
             f"commits (`git -C {checkout} rebase -i {BASE_REF}`)."
         )
+
+
+def _start_last(checkout: Path, overlay: Overlay, segments: list[Segment]) -> None:
+    """Where the last change in overlay.toml has no commit yet: its segment, from the commits
+    without a trailer after the last change commit (and the work tree)."""
     last = overlay.changes[-1] if overlay.changes else None
-    if last is not None and last.id not in seen:
-        tail: list[str] = []
-        if segments:  # commits without a trailer after the last change commit start it
-            prev = segments[-1]
-            trailed = [i for i, cid in enumerate(prev.commits) if _has_trailer(checkout, cid)]
-            cut = trailed[-1] + 1 if trailed else len(prev.commits)
-            prev.commits, tail = prev.commits[:cut], prev.commits[cut:]
-        segments.append(Segment(last, tail))
-        seen.add(last.id)
-    missing = [i for i in ids if i not in seen]
-    if missing:
-        raise OverlayError(
-            f"overlay/{CONFIG_NAME} lists change(s) {missing} that have no commit in "
-            f"{checkout}. Only the last change may be started from uncommitted work. Make the "
-            "checkout from the overlay again (`vllm-overlay apply --force` stashes your edits), "
-            "or move the new change last in overlay.toml."
-        )
-    prev_end = base
-    for s in segments:
-        s.before = prev_end
-        s.after = s.commits[-1] if s.commits else prev_end
-        prev_end = s.after
+    if last is None or any(s.change.id == last.id for s in segments):
+        return
+    tail: list[str] = []
     if segments:
-        segments[-1].after = WORKTREE
-    return base, segments
+        prev = segments[-1]
+        trailed = [i for i, cid in enumerate(prev.commits) if _has_trailer(checkout, cid)]
+        cut = trailed[-1] + 1 if trailed else len(prev.commits)
+        prev.commits, tail = prev.commits[:cut], prev.commits[cut:]
+    segments.append(Segment(last, tail))
 
 
 def _has_trailer(checkout: Path, commit: str) -> bool:

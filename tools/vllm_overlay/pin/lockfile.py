@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import tomlkit
@@ -279,21 +280,36 @@ def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
             f"{source} is not valid TOML ({e}). Restore it from git "
             "(`git checkout -- upstream.lock`) or rewrite it with `vllm-overlay lock`."
         ) from e
+    need = partial(_need, source)
+    upstream = _parse_upstream(data.get("upstream"), source, need)
+    artifacts = tuple(
+        _parse_artifact(a, f"[[artifact]] #{i + 1}", upstream.name, source, need)
+        for i, a in enumerate(data.get("artifact", []))
+    )
+    base = _parse_base(data.get("base", {}), source)
+    sources = tuple(
+        _parse_source(sb, f"{source}: [[source]] #{i + 1}", need)
+        for i, sb in enumerate(data.get("source", []))
+    )
+    return Lock(upstream=upstream, artifacts=artifacts, base=base, sources=sources)
 
-    def need(table: dict, key: str, where: str, typ: type = str):
-        if key not in table:
-            raise LockFileError(
-                f"{source}: {where} lacks `{key}`. Rewrite it with `vllm-overlay lock`."
-            )
-        val = table[key]
-        if not isinstance(val, typ) or (isinstance(val, bool) and typ is not bool):
-            raise LockFileError(
-                f"{source}: {where}.{key} should be a {typ.__name__}, got {val!r}. "
-                "Rewrite it with `vllm-overlay lock`."
-            )
-        return val
 
-    up = data.get("upstream")
+def _need(source: str, table: dict, key: str, where: str, typ: type = str):
+    """``table[key]``, refused where it is missing or not a ``typ``."""
+    if key not in table:
+        raise LockFileError(
+            f"{source}: {where} lacks `{key}`. Rewrite it with `vllm-overlay lock`."
+        )
+    val = table[key]
+    if not isinstance(val, typ) or (isinstance(val, bool) and typ is not bool):
+        raise LockFileError(
+            f"{source}: {where}.{key} should be a {typ.__name__}, got {val!r}. "
+            "Rewrite it with `vllm-overlay lock`."
+        )
+    return val
+
+
+def _parse_upstream(up: object, source: str, need) -> Upstream:
     if not isinstance(up, dict):
         raise LockFileError(
             f"{source} has no [upstream] table. Rewrite it with `vllm-overlay lock`."
@@ -318,29 +334,30 @@ def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
             f"{source}: [upstream].commit (unverified) should be 7 to 40 hex digits, got "
             f"{upstream.commit!r}. Rewrite it with `vllm-overlay lock`."
         )
-    arts = []
-    for i, a in enumerate(data.get("artifact", [])):
-        where = f"[[artifact]] #{i + 1}"
-        art = Artifact(
-            kind=need(a, "kind", where),
-            filename=need(a, "filename", where),
-            sha256=need(a, "sha256", where),
-            size=need(a, "size", where, int),
-            # a lock written before variants were pinned: everything is the upstream's
-            project=need(a, "project", where) if "project" in a else upstream.name,
+    return upstream
+
+
+def _parse_artifact(a: dict, where: str, upstream_name: str, source: str, need) -> Artifact:
+    art = Artifact(
+        kind=need(a, "kind", where),
+        filename=need(a, "filename", where),
+        sha256=need(a, "sha256", where),
+        size=need(a, "size", where, int),
+        # a lock written before variants were pinned: everything is the upstream's
+        project=need(a, "project", where) if "project" in a else upstream_name,
+    )
+    if art.kind not in ("sdist", "wheel"):
+        raise LockFileError(f'{source}: {where}.kind must be "sdist" or "wheel", got {art.kind!r}.')
+    if art.kind == "wheel":
+        _check_wheel_project(art, f"{source}: {where}")
+    if not _SHA_RE.match(art.sha256):
+        raise LockFileError(
+            f"{source}: {where}.sha256 is not 64 lowercase hex digits: {art.sha256!r}."
         )
-        if art.kind not in ("sdist", "wheel"):
-            raise LockFileError(
-                f'{source}: {where}.kind must be "sdist" or "wheel", got {art.kind!r}.'
-            )
-        if art.kind == "wheel":
-            _check_wheel_project(art, f"{source}: {where}")
-        if not _SHA_RE.match(art.sha256):
-            raise LockFileError(
-                f"{source}: {where}.sha256 is not 64 lowercase hex digits: {art.sha256!r}."
-            )
-        arts.append(art)
-    base_tbl = data.get("base", {})
+    return art
+
+
+def _parse_base(base_tbl: object, source: str) -> dict[str, str]:
     if not isinstance(base_tbl, dict):
         raise LockFileError(f"{source}: [base] must be a table of path = hash.")
     base: dict[str, str] = {}
@@ -352,11 +369,7 @@ def parse_lock(text: str, source: str = "upstream.lock") -> Lock:
                 f'{source}: [base] {path!r} must be "sha256:<64 hex>" or "absent", got {val!r}.'
             )
         base[path] = val
-    sources = tuple(
-        _parse_source(sb, f"{source}: [[source]] #{i + 1}", need)
-        for i, sb in enumerate(data.get("source", []))
-    )
-    return Lock(upstream=upstream, artifacts=tuple(arts), base=base, sources=sources)
+    return base
 
 
 def _parse_source(sb: dict, where: str, need) -> SourceBuild:

@@ -190,11 +190,33 @@ def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: 
     (the release's files as the changes before it leave them). ``labels`` name the three
     sides of git's diff3 markers: (the release, the change's base, our change)."""
     change = step.change
-    where = rel.where
-    name, version, new_names, read_new = rel.name, rel.version, rel.names, rel.read
-    if change.dropped_by(name, version):
+    dropped = _dropped(step, scratch, state, rel)
+    if dropped is not None:
+        return dropped
+    o = Outcome(change.id, KEPT)
+    problems = _gone_or_taken(step, scratch, state, rel, old_names, o)
+    _merge_files(step, scratch, state, rel.where, labels, o, problems)
+    if problems:
+        kinds = {v.split(":", 1)[0] for v in problems.values()}
+        o.state = MOVED if MOVED in kinds else COLLISION if COLLISION in kinds else CONFLICT
+        o.files = sorted(problems)
+        o.problems = {p: problems[p] for p in o.files}
+        o.reason = "; ".join(f"{p}: {problems[p].split(': ', 1)[1]}" for p in o.files)
+        return o  # merged: the files that did merge (a stop writes them for the person)
+    if all(o.merged[p] == state.get(p) for p in change.files):
+        return Outcome(change.id, DROPPED, f"the three-way merge onto {rel.where} changes "
+                       "nothing: upstream already has it")  # fmt: skip
+    _kept_or_refreshed(step, scratch, state, o)
+    return o
+
+
+def _dropped(step: Step, scratch: Scratch, state: Files, rel: Release) -> Outcome | None:
+    """The change dropped before any merge: its ``drop_when`` holds, the release has none of
+    the runners it serves, or the release already has it (None: none of these)."""
+    change, where = step.change, rel.where
+    if change.dropped_by(rel.name, rel.version):
         return Outcome(change.id, DROPPED, f"drop_when {change.drop_when} holds for {where}")
-    gone = runners_gone(change, new_names)
+    gone = runners_gone(change, rel.names)
     if gone:
         served = " and ".join(f"Model Runner {r.upper()}" for r in change.runners)
         return Outcome(change.id, DROPPED, f"it serves {served} only (runners), and {where} "
@@ -202,12 +224,20 @@ def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: 
     how = _contained(step, scratch, state)
     if how:
         return Outcome(change.id, DROPPED, f"{where} already has it: " + "; ".join(how))
+    return None
+
+
+def _gone_or_taken(step: Step, scratch: Scratch, state: Files, rel: Release,
+                   old_names: frozenset[str], o: Outcome) -> dict[str, str]:  # fmt: skip
+    """The files the change patches that the release renamed or deleted (``moved``, with
+    git's rename candidates in ``o``) and those it adds that the release now has
+    (``collision``): path -> "kind: what happened"."""
+    where = rel.where
     problems: dict[str, str] = {}
-    o = Outcome(change.id, KEPT)
-    for path in change.files:
+    for path in step.change.files:
         before, after, new = step.before.get(path), step.after.get(path), state.get(path)
         if before is not None and new is None:
-            cands = _rename_candidates(path, before, scratch, old_names, new_names, read_new)
+            cands = _rename_candidates(path, before, scratch, old_names, rel.names, rel.read)
             o.candidates[path] = cands
             if cands:
                 shown = ", ".join(f"{p} ({s}% similar)" for p, s in cands)
@@ -217,7 +247,15 @@ def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: 
         elif before is None and new is not None:
             same = "an identical file" if new == after else "its own, different file"
             problems[path] = f"{COLLISION}: the change adds it, and {where} now has {same}"
-    for path in change.files:
+    return problems
+
+
+def _merge_files(step: Step, scratch: Scratch, state: Files, where: str,
+                 labels: tuple[str, str, str], o: Outcome, problems: dict[str, str]
+                 ) -> None:  # fmt: skip
+    """Each file not already in ``problems`` merged onto the release into ``o.merged``, or
+    its conflict (in ``o.hunks``, ``o.conflicted`` and ``problems``)."""
+    for path in step.change.files:
         if path in problems:
             continue
         before, after, new = step.before.get(path), step.after.get(path), state.get(path)
@@ -241,16 +279,12 @@ def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: 
             )
         else:
             o.merged[path] = merged
-    if problems:
-        kinds = {v.split(":", 1)[0] for v in problems.values()}
-        o.state = MOVED if MOVED in kinds else COLLISION if COLLISION in kinds else CONFLICT
-        o.files = sorted(problems)
-        o.problems = {p: problems[p] for p in o.files}
-        o.reason = "; ".join(f"{p}: {problems[p].split(': ', 1)[1]}" for p in o.files)
-        return o  # merged: the files that did merge (a stop writes them for the person)
-    if all(o.merged[p] == state.get(p) for p in change.files):
-        return Outcome(change.id, DROPPED, f"the three-way merge onto {where} changes nothing: "
-                       "upstream already has it")  # fmt: skip
+
+
+def _kept_or_refreshed(step: Step, scratch: Scratch, state: Files, o: Outcome) -> None:
+    """A clean merge: ``kept`` where the exported patch is byte-identical, else ``refreshed``
+    (the files with new context named)."""
+    change = step.change
     same = []
     for path in change.files:
         before, after = step.before.get(path), step.after.get(path)
@@ -269,7 +303,6 @@ def decide(step: Step, scratch: Scratch, state: Files, rel: Release, old_names: 
         o.state = REFRESHED
         changed = [p for p, s in zip(change.files, same, strict=True) if not s]
         o.reason = "merges cleanly with new context in " + ", ".join(changed)
-    return o
 
 
 def _contained(step: Step, scratch: Scratch, state: Files) -> list[str] | None:

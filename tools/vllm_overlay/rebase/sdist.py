@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,17 +60,18 @@ def _strip_top(name: str) -> str | None:
     return rest if sep and rest else None
 
 
-def scan(sdist: Path, wanted: Iterable[str]) -> Members:
-    """One pass over ``sdist``: every regular file's name, and the bytes of the ``wanted``
-    paths (tree-relative: the sdist's top directory stripped)."""
-    want = set(wanted)
-    names: set[str] = set()
-    files: dict[str, bytes | None] = dict.fromkeys(want)
-    inflate = zlib.decompressobj(31)
-    buf = bytearray()
-    pending_name: str | None = None
+class _Inflated:
+    """The sdist's tar stream, inflated with zlib in large chunks: a buffer and a position
+    in it."""
 
-    def chunks():
+    def __init__(self, sdist: Path) -> None:
+        self._source = self._chunks(sdist)
+        self.buf = bytearray()
+        self.pos = 0
+
+    @staticmethod
+    def _chunks(sdist: Path) -> Iterator[bytes]:
+        inflate = zlib.decompressobj(31)
         with open(sdist, "rb") as f:
             while not inflate.eof:
                 raw = f.read(CHUNK)
@@ -81,68 +82,91 @@ def scan(sdist: Path, wanted: Iterable[str]) -> Members:
             if tail:
                 yield tail
 
-    source = chunks()
-    pos = 0
-
-    def need(n: int) -> bool:
-        nonlocal buf, pos
-        while len(buf) - pos < n:
+    def need(self, n: int) -> bool:
+        """Whether ``n`` bytes from the position are in the buffer (inflating more for
+        them); False at the end of the stream."""
+        while len(self.buf) - self.pos < n:
             try:
-                more = next(source)
+                more = next(self._source)
             except StopIteration:
                 return False
-            if pos:
-                del buf[:pos]
-                pos = 0
-            buf += more
+            if self.pos:
+                del self.buf[: self.pos]
+                self.pos = 0
+            self.buf += more
         return True
 
+    def take(self, n: int, advance: int) -> bytes:
+        """The ``n`` bytes from the position, which moves ``advance`` bytes on."""
+        data = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += advance
+        return data
+
+    def skip(self, n: int) -> None:
+        """Move ``n`` bytes on (possibly across chunks; to the end where fewer are left)."""
+        while n:
+            have = len(self.buf) - self.pos
+            if have >= n:
+                self.pos += n
+                return
+            n -= have
+            self.pos = len(self.buf)
+            if not self.need(1):
+                return
+
+
+def _members(stream: _Inflated) -> Iterator[tuple[str, bytes, int]]:
+    """(name, type flag, size) of each member, the stream left at the start of its data (the
+    reader reads or skips it, padded to the block); pax ``x`` and GNU ``L`` long names are
+    read here, global ``g`` records passed over."""
+    pending_name: str | None = None
+    while stream.need(BLOCK):
+        header = stream.take(BLOCK, BLOCK)
+        if header == b"\0" * BLOCK:
+            continue
+        size = _octal(header[124:136])
+        kind = header[156:157]
+        if kind in (b"x", b"L", b"g"):
+            if not stream.need(_padded(size)):
+                return
+            data = stream.take(size, _padded(size))
+            if kind == b"x":
+                pending_name = _pax_path(data) or pending_name
+            elif kind == b"L":
+                pending_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            continue
+        name = pending_name
+        pending_name = None
+        if name is None:
+            raw_name = header[0:100].split(b"\0", 1)[0]
+            prefix = header[345:500].split(b"\0", 1)[0] if header[257:262] == b"ustar" else b""
+            name = (prefix + b"/" + raw_name if prefix else raw_name).decode(
+                "utf-8", "surrogateescape"
+            )
+        yield name, kind, size
+
+
+def _padded(size: int) -> int:
+    return (size + BLOCK - 1) // BLOCK * BLOCK
+
+
+def scan(sdist: Path, wanted: Iterable[str]) -> Members:
+    """One pass over ``sdist``: every regular file's name, and the bytes of the ``wanted``
+    paths (tree-relative: the sdist's top directory stripped)."""
+    want = set(wanted)
+    names: set[str] = set()
+    files: dict[str, bytes | None] = dict.fromkeys(want)
+    stream = _Inflated(sdist)
     try:
-        while need(BLOCK):
-            header = bytes(buf[pos : pos + BLOCK])
-            pos += BLOCK
-            if header == b"\0" * BLOCK:
-                continue
-            size = _octal(header[124:136])
-            kind = header[156:157]
-            padded = (size + BLOCK - 1) // BLOCK * BLOCK
-            if kind in (b"x", b"L", b"g"):
-                if not need(padded):
-                    break
-                data = bytes(buf[pos : pos + size])
-                pos += padded
-                if kind == b"x":
-                    pending_name = _pax_path(data) or pending_name
-                elif kind == b"L":
-                    pending_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
-                continue
-            name = pending_name
-            pending_name = None
-            if name is None:
-                raw_name = header[0:100].split(b"\0", 1)[0]
-                prefix = header[345:500].split(b"\0", 1)[0] if header[257:262] == b"ustar" else b""
-                name = (prefix + b"/" + raw_name if prefix else raw_name).decode(
-                    "utf-8", "surrogateescape"
-                )
+        for name, kind, size in _members(stream):
             rel = _strip_top(name) if kind in (b"0", b"\0", b"7") else None
             if rel is not None:
                 names.add(rel)
                 if rel in want:
-                    if not need(size):
+                    if not stream.need(size):
                         raise IntegrityError(f"{sdist.name} ends inside member {name}.")
-                    files[rel] = bytes(buf[pos : pos + size])
-            # skip the data (possibly across chunks)
-            skip = padded
-            while skip:
-                have = len(buf) - pos
-                if have >= skip:
-                    pos += skip
-                    skip = 0
-                else:
-                    skip -= have
-                    pos = len(buf)
-                    if not need(1):
-                        break
+                    files[rel] = stream.take(size, 0)
+            stream.skip(_padded(size))
     except (zlib.error, ValueError) as e:
         raise IntegrityError(
             f"cannot read {sdist.name} as a gzipped tar ({e}). Delete it from the cache "

@@ -222,8 +222,23 @@ def page(data: dict) -> str:
         f"<h1>{e(data['name'])} {e(data['pin'])}: outlook over {len(cols)} newer release(s)</h1>",
         f'<p id="safe-target">safe target: <b>{e(safe) if safe else "none"}</b> '
         "(the newest release the walk reaches without asking a person)</p>",
-        '<table class="matrix" id="matrix"><thead><tr><th class="change">change</th>',
     ]
+    out += _matrix(data)
+    out += _legend(data)
+    out.append("<h2>Details</h2>")
+    for ch in data["changes"]:
+        for col in cols:
+            out += _cell(data, ch, col)
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _matrix(data: dict) -> list[str]:
+    """The table: a row per change, a column per release, each cell linked to its details."""
+    e = html.escape
+    cols = data["releases"]
+    safe = data["safe_target"]
+    out = ['<table class="matrix" id="matrix"><thead><tr><th class="change">change</th>']
     for col in cols:
         cls = " ".join(
             x
@@ -250,7 +265,14 @@ def page(data: dict) -> str:
             )
         out.append("</tr>")
     out.append("</tbody></table>")
-    out.append("<h2>Legend</h2><dl>")
+    return out
+
+
+def _legend(data: dict) -> list[str]:
+    """The legend of the states, then the changes' upstream standing and the skipped
+    releases, where there are any."""
+    e = html.escape
+    out = ["<h2>Legend</h2><dl>"]
     for state, text in LEGEND.items():
         out.append(f"<dt>{state}</dt><dd>{e(text)}</dd>")
     out.append(f"<dt>{walkdata.RECORD} (unproven)</dt><dd>{e(UNPROVEN_LEGEND)}</dd>")
@@ -266,28 +288,30 @@ def page(data: dict) -> str:
         out.append("<h2>Skipped releases</h2><ul>")
         out += [f"<li>{e(n)}</li>" for n in data["skipped"]]
         out.append("</ul>")
-    out.append("<h2>Details</h2>")
-    for ch in data["changes"]:
-        for col in cols:
-            o = next(x for x in col["outcomes"] if x["id"] == ch["id"])
+    return out
+
+
+def _cell(data: dict, ch: dict, col: dict) -> list[str]:
+    """One cell's details: the state and its reason, notes, conflicts, the tests' result."""
+    e = html.escape
+    o = next(x for x in col["outcomes"] if x["id"] == ch["id"])
+    out = [
+        f'<section class="cell" id="{cell_anchor(ch["id"], col["version"])}">'
+        f"<h3>{e(ch['id'])} on {e(data['name'])} {e(col['version'])}: {e(o['state'])}</h3>"
+        f"<p>{e(o['reason'])}</p>"
+    ]
+    for note in o.get("notes", []):
+        out.append(f"<p><i>{e(note)}</i></p>")
+    for path, hunk in o.get("hunks", {}).items():
+        out.append(f"<h4>conflict in {e(path)}</h4><pre>{e(hunk)}</pre>")
+    t = (col.get("tests") or {}).get(ch["id"])
+    if t:
+        if t.get("ran"):
             out.append(
-                f'<section class="cell" id="{cell_anchor(ch["id"], col["version"])}">'
-                f"<h3>{e(ch['id'])} on {e(data['name'])} {e(col['version'])}: {e(o['state'])}</h3>"
-                f"<p>{e(o['reason'])}</p>"
+                f"<h4>tests on {e(t['on'])}: {'ok' if t['ok'] else 'FAIL'} "
+                f"({e(t['counts'])})</h4><pre>{e(t.get('log_tail', ''))}</pre>"
             )
-            for note in o.get("notes", []):
-                out.append(f"<p><i>{e(note)}</i></p>")
-            for path, hunk in o.get("hunks", {}).items():
-                out.append(f"<h4>conflict in {e(path)}</h4><pre>{e(hunk)}</pre>")
-            t = (col.get("tests") or {}).get(ch["id"])
-            if t:
-                if t.get("ran"):
-                    out.append(
-                        f"<h4>tests on {e(t['on'])}: {'ok' if t['ok'] else 'FAIL'} "
-                        f"({e(t['counts'])})</h4><pre>{e(t.get('log_tail', ''))}</pre>"
-                    )
-                else:
-                    out.append(f"<p>tests: {e(t['why'])}</p>")
-            out.append('<p><a href="#matrix">back to the matrix</a></p></section>')
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+        else:
+            out.append(f"<p>tests: {e(t['why'])}</p>")
+    out.append('<p><a href="#matrix">back to the matrix</a></p></section>')
+    return out

@@ -169,13 +169,36 @@ def repeated_sentences(body: str) -> list[str]:
 def items(proof: dict, files: dict[str, bytes], base: dict[str, bytes | None], tree: Path,
           message: str, body: str | None) -> list[Item]:  # fmt: skip
     """The checklist: the commit against the release's AGENTS.md and tests/AGENTS.md."""
-    w, wo = proof["with"], proof["without"]
     code = [p for p in files if not p.startswith("tests/")]
     user_visible = any(p.startswith("vllm/") for p in code)
-    out = []
+    return [
+        _proof_item(proof, body),
+        _hooks_item(proof),
+        _reuse_item(tree, files, base),
+        _real_objects_item(files, base),
+        _shims_item(files, base),
+        _entry_point_item(files, base, user_visible),
+        _minimal_item(proof),
+        *_ci_items(proof),
+        _docs_item(proof, files, user_visible),
+        _attribution_item(message, body),
+        _not_duplicate_item(proof, body),
+        _duplicate_searches_item(proof),
+        _said_once_item(body),
+        Item(
+            "a person reviewed every changed line, ran the tests, and ran the pr-checklist skill",
+            'AGENTS.md, "Accountability"',
+            PERSON,
+            ["the tool proves the tests; it cannot review for the person"],
+        ),
+    ]
+
+
+def _proof_item(proof: dict, body: str | None) -> Item:
+    w, wo = proof["with"], proof["without"]
     failed_without = not wo["ok"] and wo["failed"] + wo["errors"] > 0
     pasted = body is not None and all(ln in body for ln in (wo.get("output") or [])[:1])
-    out.append(Item(
+    return Item(
         "tests pass with the commit and fail without it; both commands and their output in "
         "the PR body", "tests/AGENTS.md, \"Show the failure before the fix\"",
         YES if w["ok"] and failed_without and (pasted or body is None) else NO,
@@ -183,120 +206,137 @@ def items(proof: dict, files: dict[str, bytes], base: dict[str, bytes | None], t
          *[f"  {ln}" for ln in (wo.get("output") or [])[:-1]],
          "pasted in pull-request.md's Validation" if pasted else
          "not in a pull-request body (an advisory)" if body is None else "NOT in the PR body"],
-    ))  # fmt: skip
+    )  # fmt: skip
+
+
+def _hooks_item(proof: dict) -> Item:
     ran = [h for h in proof.get("hooks", []) if h["ran"]]
     not_run = [h["id"] for h in proof.get("hooks", []) if not h["ran"]]
     hooks_ok = bool(ran) and all(h["ok"] for h in ran)
-    out.append(Item(
+    return Item(
         "the release's pre-commit hooks pass on the commit's files", "AGENTS.md, \"Running linters\"",
         YES if hooks_ok else NO,
         [f"{len(ran)} ran: " + ", ".join(f"{h['id']} {'passed' if h['ok'] else 'FAILED'}"
                                           for h in ran)]
         + ([f"not run here ({len(not_run)}): {', '.join(not_run)}: `pre-commit run --files` "
             "with the commit's files runs them"] if not_run else []),
-    ))  # fmt: skip
+    )  # fmt: skip
+
+
+def _reuse_item(tree: Path, files: dict[str, bytes], base: dict[str, bytes | None]) -> Item:
     new_files = existing_tests(tree, files, base)
-    out.append(Item(
+    return Item(
         "tests extend the existing test files and helpers (a new file only where none fits)",
         "AGENTS.md, \"Reuse before create\"",
         NO if any("already tests" in e for e in new_files) else YES,
         new_files or ["no new test file beside an existing test of the changed modules"],
         heuristic=True,
-    ))  # fmt: skip
+    )  # fmt: skip
+
+
+def _real_objects_item(files: dict[str, bytes], base: dict[str, bytes | None]) -> Item:
     stand_ins = scan(files, base, STAND_INS)
-    out.append(Item(
+    return Item(
         "real objects: no patched methods, stand-ins (SimpleNamespace, MagicMock), objects "
         "built around their constructor, or private attributes in the added test lines",
         "tests/AGENTS.md, \"Test real objects on the lightest real path\"",
         NO if stand_ins else YES, stand_ins or ["none found in the added test lines"],
-        heuristic=True))  # fmt: skip
+        heuristic=True)  # fmt: skip
+
+
+def _shims_item(files: dict[str, bytes], base: dict[str, bytes | None]) -> Item:
     shims = scan(files, base, SHIMS)
-    out.append(
-        Item(
-            "no shims for other releases (hasattr, version checks) in the added test lines",
-            'AGENTS.md, "Keep it minimal" (code for another release is dead in upstream\'s tree)',
-            NO if shims else YES,
-            shims or ["none found in the added test lines"],
-            heuristic=True,
-        )
+    return Item(
+        "no shims for other releases (hasattr, version checks) in the added test lines",
+        'AGENTS.md, "Keep it minimal" (code for another release is dead in upstream\'s tree)',
+        NO if shims else YES,
+        shims or ["none found in the added test lines"],
+        heuristic=True,
     )
+
+
+def _entry_point_item(files: dict[str, bytes], base: dict[str, bytes | None],
+                      user_visible: bool) -> Item:  # fmt: skip
     entry = scan(files, base, (("entry point", ENTRY),))
-    out.append(Item(
+    return Item(
         "a regression test through `LLM` (`vllm_runner`) or `RemoteOpenAIServer`",
         "tests/AGENTS.md, \"Test real objects\" (a fix to user-visible behavior)",
         (YES if entry else NO) if user_visible else NA,
         entry or (["no added test line calls LLM(, vllm_runner or RemoteOpenAIServer"]
                   if user_visible else ["the commit changes nothing under vllm/"]),
-        heuristic=True))  # fmt: skip
+        heuristic=True)  # fmt: skip
+
+
+def _minimal_item(proof: dict) -> Item:
     size = proof.get("size") or {}
     tests_n, code_n = size.get("test_lines_added", 0), size.get("code_lines_added", 0)
-    out.append(Item(
+    return Item(
         "minimal: the test diff does not dwarf the code change",
         "AGENTS.md, \"Keep it minimal\"; pr-checklist 1.3 (complexity)",
         NO if tests_n > 100 and tests_n > 3 * max(code_n, 1) else YES,
         [f"code: +{code_n} -{size.get('code_lines_removed', 0)} lines; tests: +{tests_n} "
          "lines (NO where the tests add over 100 lines and over three times the code's)"],
-        heuristic=True))  # fmt: skip
-    out += _ci_items(proof)
+        heuristic=True)  # fmt: skip
+
+
+def _docs_item(proof: dict, files: dict[str, bytes], user_visible: bool) -> Item:
     docs = [p for p in files if p.startswith("docs/")]
     pages = proof.get("docs_pages", [])
-    out.append(Item(
+    return Item(
         "the docs of a user-visible change, in the same PR",
         "AGENTS.md, \"Accountability\" (user-visible changes update the rendered docs)",
         (YES if docs else NO) if user_visible else NA,
         [f"in the commit: {', '.join(docs)}"] if docs else
         (["docs not updated; the release's pages that name the changed module: "
-          + (", ".join(pages) or "none")] if user_visible else ["nothing under vllm/"])))  # fmt: skip
+          + (", ".join(pages) or "none")] if user_visible else ["nothing under vllm/"]))  # fmt: skip
+
+
+def _attribution_item(message: str, body: str | None) -> Item:
     trailer = re.search(r"^(Co-authored-by|Assisted-by|Generated-by): .+$", message, re.M)
     statement = body is None or "AI assistance was used" in body
-    out.append(
-        Item(
-            "the statement of AI assistance, and an attribution trailer before Signed-off-by",
-            'AGENTS.md, "Accountability", "Commit messages"',
-            YES if trailer and statement and _trailer_first(message) else NO,
-            [
-                f"trailer: {trailer.group(0)}" if trailer else "no attribution trailer",
-                "the PR body states it"
-                if body and statement
-                else "advisory.md states it"
-                if body is None
-                else "the PR body does not state it",
-            ],
-        )
+    return Item(
+        "the statement of AI assistance, and an attribution trailer before Signed-off-by",
+        'AGENTS.md, "Accountability", "Commit messages"',
+        YES if trailer and statement and _trailer_first(message) else NO,
+        [
+            f"trailer: {trailer.group(0)}" if trailer else "no attribution trailer",
+            "the PR body states it"
+            if body and statement
+            else "advisory.md states it"
+            if body is None
+            else "the PR body does not state it",
+        ],
     )
+
+
+def _not_duplicate_item(proof: dict, body: str | None) -> Item:
     dup = proof.get("duplicate") or {}
-    out.append(Item(
+    return Item(
         "why this duplicates no open PR (a section in the body)",
         "AGENTS.md, \"Duplicate-work checks\", \"Accountability\"",
         YES if body is None or "### Not a duplicate" in body or "## Not a duplicate" in body
-        else NO, [f"recorded: {dup.get('recorded', '')}"]))  # fmt: skip
-    out.append(
-        Item(
-            "the duplicate-work searches themselves (they need GitHub)",
-            'AGENTS.md, "Duplicate-work checks"',
-            PERSON,
-            dup.get("commands") or ["AGENTS.md names no gh command: search open PRs by hand"],
-        )
+        else NO, [f"recorded: {dup.get('recorded', '')}"])  # fmt: skip
+
+
+def _duplicate_searches_item(proof: dict) -> Item:
+    dup = proof.get("duplicate") or {}
+    return Item(
+        "the duplicate-work searches themselves (they need GitHub)",
+        'AGENTS.md, "Duplicate-work checks"',
+        PERSON,
+        dup.get("commands") or ["AGENTS.md names no gh command: search open PRs by hand"],
     )
+
+
+def _said_once_item(body: str | None) -> Item:
     repeated = repeated_sentences(body or "")
-    out.append(
-        Item(
-            "a PR body that says each thing once",
-            "pr-checklist 4.1, 4.2",
-            NA if body is None else NO if repeated else YES,
-            [f"said twice: {s}" for s in repeated] or ["no sentence repeated"],
-            heuristic=True,
-        )
+    return Item(
+        "a PR body that says each thing once",
+        "pr-checklist 4.1, 4.2",
+        NA if body is None else NO if repeated else YES,
+        [f"said twice: {s}" for s in repeated] or ["no sentence repeated"],
+        heuristic=True,
     )
-    out.append(
-        Item(
-            "a person reviewed every changed line, ran the tests, and ran the pr-checklist skill",
-            'AGENTS.md, "Accountability"',
-            PERSON,
-            ["the tool proves the tests; it cannot review for the person"],
-        )
-    )
-    return out
 
 
 def _trailer_first(message: str) -> bool:

@@ -196,17 +196,8 @@ def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: st
     fixed = prep_.amend_fixes(clone, paths, date, who)
     checked = hooks_.run_hooks(clone, selected)
     work = stage / "runs"
-    with_tree = prep_.test_tree(clone, "HEAD", work / "with")
-    # without: the commit's parent (the release, or the changes it is stacked on)
-    without_tree = prep_.test_tree(clone, "HEAD~1", work / "without", keep=prep.tests)
     info(f"upstream: {change.id}'s tests with the commit, then on {release} without it")
-    with_ = _run(with_tree, targets, work, "with", test_python)
-    without = _run(without_tree, targets, work, "without", test_python)
-    shutil.rmtree(with_tree, ignore_errors=True)
-    shutil.rmtree(without_tree, ignore_errors=True)
-    hooks_ok = all(h.ok for h in checked if h.ran) and any(
-        h.ran and h.id.startswith("ruff") for h in checked)  # fmt: skip
-    without_fails = not without["ok"] and (without["failed"] + without["errors"] > 0)
+    with_, without = _prove(clone, prep, targets, work, test_python)
     proof = {
         "change": change.id, "release": f"{name} {release}", "title": title,
         "targets": targets, "with": with_, "without": without,
@@ -221,11 +212,42 @@ def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: st
     # the files as the commit's parent has them: the release, or the changes it is stacked on
     below = {p: show_bytes(clone, "HEAD~1", p) for p in paths}
     _rules_facts(proof, clone, "HEAD~1", python, final, below, change)
+    files, patch, body, text = _write_texts(stage, clone, prep, proof, name, release, helper)
+    failed = _failures(with_, without, checked, files[-1], text)
+    found = checklist.items(proof, final, below, clone, message, body)
+    proof["checklist"] = [it.to_json() for it in found]
+    (stage / "checklist.md").write_text(checklist.render(change.id, f"{name} {release}", found))
+    files += ["checklist.md", "proof.json", "vllm/"]
+    shutil.rmtree(work, ignore_errors=True)
+    sizes = {f: (stage / f).stat().st_size for f in files if (stage / f).is_file()}
+    return {**proof, "ok": not failed, "failed": failed, "files": files, "sizes": sizes,
+            "patch_lines": patch.count(b"\n")}  # fmt: skip
+
+
+def _prove(clone: Path, prep, targets: list[str], work: Path, test_python: str | None
+           ) -> tuple[dict, dict]:  # fmt: skip
+    """The change's tests with the commit, then without it: the two runs' reports."""
+    with_tree = prep_.test_tree(clone, "HEAD", work / "with")
+    # without: the commit's parent (the release, or the changes it is stacked on)
+    without_tree = prep_.test_tree(clone, "HEAD~1", work / "without", keep=prep.tests)
+    with_ = _run(with_tree, targets, work, "with", test_python)
+    without = _run(without_tree, targets, work, "without", test_python)
+    shutil.rmtree(with_tree, ignore_errors=True)
+    shutil.rmtree(without_tree, ignore_errors=True)
+    return with_, without
+
+
+def _write_texts(stage: Path, clone: Path, prep, proof: dict, name: str, release: str,
+                 helper: str) -> tuple[list[str], bytes, str | None, str]:  # fmt: skip
+    """The patches (the changes upstream takes first, then this one) and the pull-request body,
+    or for a security fix the advisory, written into ``stage``: the files written, this
+    change's patch, the body (None for an advisory) and the text a person submits."""
+    change = prep.change
     files = []
-    for k, part in enumerate(prep.stack):  # the changes upstream takes first, then this one
-        name = f"{k + 1:04d}-{part.change.id}.patch"
-        (stage / name).write_bytes(prep_.format_patch(clone, f"HEAD~{len(prep.stack) - k}"))
-        files.append(name)
+    for k, part in enumerate(prep.stack):
+        part_name = f"{k + 1:04d}-{part.change.id}.patch"
+        (stage / part_name).write_bytes(prep_.format_patch(clone, f"HEAD~{len(prep.stack) - k}"))
+        files.append(part_name)
     patch = prep_.format_patch(clone)
     patch_name = f"{len(prep.stack) + 1:04d}-{change.id}.patch"
     (stage / patch_name).write_bytes(patch)
@@ -235,35 +257,32 @@ def _build(project: Project, prep, repo: Path, base: str, stage: Path, title: st
         text = texts.advisory(change, release, name, policy, proof, patch_name, helper)
         (stage / "advisory.md").write_text(text)
         files.append("advisory.md")
-        body = None
-    else:
-        template = show_bytes(clone, "HEAD", texts.TEMPLATE)
-        body = texts.pr_body(change, template.decode() if template else None, proof, helper)
-        (stage / "pull-request.md").write_text(body)
-        files.append("pull-request.md")
-        text = body
-    found = checklist.items(proof, final, below, clone, message, body)
-    proof["checklist"] = [it.to_json() for it in found]
-    (stage / "checklist.md").write_text(checklist.render(change.id, f"{name} {release}", found))
-    files += ["checklist.md", "proof.json", "vllm/"]
-    shutil.rmtree(work, ignore_errors=True)
+        return files, patch, None, text
+    template = show_bytes(clone, "HEAD", texts.TEMPLATE)
+    body = texts.pr_body(change, template.decode() if template else None, proof, helper)
+    (stage / "pull-request.md").write_text(body)
+    files.append("pull-request.md")
+    return files, patch, body, body
+
+
+def _failures(with_: dict, without: dict, checked: list, text_file: str, text: str) -> list[str]:
+    """Why the proof refuses: the tests, our overlay named in the text a person submits
+    (``text_file``), the hooks."""
     failed = []
     if not with_["ok"]:
         failed.append(f"the tests with the commit: {with_['summary']} ({with_['first_error']})")
-    if not without_fails:
+    if without["ok"] or without["failed"] + without["errors"] == 0:
         failed.append(f"the tests without the commit did not fail: {without['summary']}")
-    named = scrub.leftovers(files[1], text)
+    named = scrub.leftovers(text_file, text)
     if named:
-        failed.append("our overlay is named in " + files[1] + ":\n" + "\n".join(named))
+        failed.append("our overlay is named in " + text_file + ":\n" + "\n".join(named))
     for h in checked:
         if h.ran and not h.ok:
             changed = f", changed {', '.join(h.changed)}" if h.changed else ""
             failed.append(f"hook {h.id}{changed}: {h.output[-800:]}")
-    if not hooks_ok and not any(h.ran and h.id.startswith("ruff") for h in checked):
+    if not any(h.ran and h.id.startswith("ruff") for h in checked):
         failed.append("ruff did not run (no ruff found)")
-    sizes = {f: (stage / f).stat().st_size for f in files if (stage / f).is_file()}
-    return {**proof, "ok": not failed, "failed": failed, "files": files, "sizes": sizes,
-            "patch_lines": patch.count(b"\n")}  # fmt: skip
+    return failed
 
 
 def _targets(prep) -> list[str]:

@@ -41,17 +41,19 @@ from vllm_overlay.wheel.cpusource import CpuSourceBuild
 from vllm_overlay.wheel.metadata import parse_name
 from vllm_overlay.wheel.output import place, refusal, scratch, up_to_date
 from vllm_overlay.wheel.plan import BuildOptions, BuildPlan, inputs, package_name, plan_build
+from vllm_overlay.wheel.preflight import (
+    build_requirements,
+    check_environment,
+    check_toolchain,
+    probe_python,
+)
 from vllm_overlay.wheel.provenance import changed_files, render
 from vllm_overlay.wheel.repack import OfficialWheel, RepackInput, read_official, repack
 from vllm_overlay.wheel.setupbuild import (
     BUILD_REQUIREMENTS,
     SetupCommand,
-    build_requirements,
     check_built,
-    check_environment,
-    check_toolchain,
     precompiled_command,
-    probe_python,
     run_setup,
     source_command,
 )

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 from vllm_overlay.errors import ZipFormatError
 from vllm_overlay.util import atomic_write_text, cache_dir, sha256_file
-from vllm_overlay.wheel.zipcopy import SourceMember, locate_members, read_raw
+from vllm_overlay.wheel.zipread import SourceMember, locate_members, read_raw
 
 Hashes = dict[str, tuple[str, int, str]]  # name -> (sha256 hex, size, error)
 

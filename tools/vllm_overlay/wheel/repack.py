@@ -33,13 +33,8 @@ from vllm_overlay.wheel.metadata import (
     set_version_py,
 )
 from vllm_overlay.wheel.provenance import PROVENANCE_NAME
-from vllm_overlay.wheel.zipcopy import (
-    REGULAR_FILE_MODE,
-    SourceMember,
-    ZipWriter,
-    locate_members,
-    read_member,
-)
+from vllm_overlay.wheel.zipcopy import REGULAR_FILE_MODE, ZipWriter
+from vllm_overlay.wheel.zipread import SourceMember, locate_members, read_member
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from vllm_overlay.wheel.metadata import (
     version_py_version,
 )
 from vllm_overlay.wheel.provenance import PROVENANCE_NAME, ChangedFile, parse
-from vllm_overlay.wheel.zipcopy import locate_members
+from vllm_overlay.wheel.zipread import locate_members
 
 
 @dataclass(frozen=True)

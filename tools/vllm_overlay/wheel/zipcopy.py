@@ -9,28 +9,31 @@ call, so repacking a 280 MB wheel costs about what copying the file costs.
 The writer emits its own central directory (zip64 records only when a size, offset or the
 member count needs them), never data descriptors, no extra fields of its own beyond zip64,
 and only what it is given, in the order it is given: the same calls give the same bytes.
+The source's members are located and read by ``zipread.py``.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 from vllm_overlay.errors import ZipFormatError
+from vllm_overlay.wheel.zipread import (
+    FLAG_DATA_DESCRIPTOR,
+    FLAG_UTF8,
+    LOCAL,
+    LOCAL_SIG,
+    SourceMember,
+)
 
-_LOCAL_SIG = 0x04034B50
 _CENTRAL_SIG = 0x02014B50
 _EOCD_SIG = 0x06054B50
 _ZIP64_EOCD_SIG = 0x06064B50
 _ZIP64_LOCATOR_SIG = 0x07064B50
-_LOCAL = struct.Struct("<IHHHHHIIIHH")  # 30 bytes
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # 46 bytes
 _EOCD = struct.Struct("<IHHHHIIH")  # 22 bytes
 _ZIP64_EOCD = struct.Struct("<IQHHIIQQQQ")  # 56 bytes
@@ -38,28 +41,10 @@ _ZIP64_LOCATOR = struct.Struct("<IIQI")  # 20 bytes
 _U32 = 0xFFFFFFFF
 _U16 = 0xFFFF
 _ZIP64_EXTRA_ID = 0x0001
-_FLAG_ENCRYPTED = 0x1
-_FLAG_DATA_DESCRIPTOR = 0x8
-_FLAG_UTF8 = 0x800
 _VERSION_DEFAULT = 20
 _VERSION_ZIP64 = 45
 _MADE_BY_UNIX = 3 << 8
 REGULAR_FILE_MODE = 0o100644
-
-
-@dataclass(frozen=True)
-class SourceMember:
-    """A member of a source archive, located on disk."""
-
-    info: zipfile.ZipInfo
-    header_offset: int
-    data_offset: int  # first byte of the compressed data
-    raw_header_ok: bool  # the local header can be copied as it is
-    name: str
-
-    @property
-    def data_end(self) -> int:
-        return self.data_offset + self.info.compress_size
 
 
 def _name_bytes(name: str) -> tuple[bytes, int]:
@@ -67,74 +52,13 @@ def _name_bytes(name: str) -> tuple[bytes, int]:
     try:
         return name.encode("ascii"), 0
     except UnicodeEncodeError:
-        return name.encode("utf-8"), _FLAG_UTF8
+        return name.encode("utf-8"), FLAG_UTF8
 
 
 def _encode_name(name: str, flags: int) -> bytes:
     if name.isascii():
         return name.encode("ascii")
-    return name.encode("utf-8" if flags & _FLAG_UTF8 else "cp437")
-
-
-def _decode_name(raw: bytes, flags: int) -> str:
-    return raw.decode("utf-8" if flags & _FLAG_UTF8 else "cp437")
-
-
-def locate_members(path: Path) -> list[SourceMember]:
-    """Every member of the archive at ``path``, in central-directory order, located."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
-    except (zipfile.BadZipFile, OSError) as e:
-        raise ZipFormatError(f"{path.name} is not a readable zip archive: {e}") from e
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return []
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            return [_locate(view, size, info, path.name) for info in infos]
-
-
-def _locate(view: mmap.mmap, size: int, info: zipfile.ZipInfo, archive: str) -> SourceMember:
-    if info.flag_bits & _FLAG_ENCRYPTED:
-        raise ZipFormatError(f"{archive}: member {info.filename} is encrypted; cannot copy it.")
-    start = info.header_offset
-    if start + _LOCAL.size > size:
-        raise ZipFormatError(f"{archive}: member {info.filename}: local header is truncated.")
-    sig, _ver, flags, method, _t, _d, _crc, _cs, _us, nlen, xlen = _LOCAL.unpack_from(view, start)
-    if sig != _LOCAL_SIG:
-        raise ZipFormatError(
-            f"{archive}: member {info.filename}: no local header at offset {start}."
-        )
-    name_start = start + _LOCAL.size
-    local_name = _decode_name(view[name_start : name_start + nlen], flags)
-    data_offset = name_start + nlen + xlen
-    if data_offset + info.compress_size > size:
-        raise ZipFormatError(
-            f"{archive}: member {info.filename}: its data runs past the end of the file."
-        )
-    raw_ok = (
-        not flags & _FLAG_DATA_DESCRIPTOR
-        and local_name == info.filename
-        and flags == info.flag_bits
-        and method == info.compress_type
-    )
-    return SourceMember(info, start, data_offset, raw_ok, info.filename)
-
-
-def read_member(f: BinaryIO, member: SourceMember) -> bytes:
-    """A member's content (stored or deflated), its CRC checked."""
-    raw = b"".join(read_raw(f, member))
-    method = member.info.compress_type
-    if method == zipfile.ZIP_DEFLATED:
-        data = zlib.decompress(raw, -15)
-    elif method == zipfile.ZIP_STORED:
-        data = raw
-    else:
-        raise ZipFormatError(f"member {member.name}: compression method {method} is not supported.")
-    if zlib.crc32(data) != member.info.CRC or len(data) != member.info.file_size:
-        raise ZipFormatError(f"member {member.name}: its CRC or size does not match its content.")
-    return data
+    return name.encode("utf-8" if flags & FLAG_UTF8 else "cp437")
 
 
 def dos_datetime(date_time: tuple[int, int, int, int, int, int]) -> tuple[int, int]:
@@ -209,10 +133,10 @@ class ZipWriter:
         info = member.info
         name = rename or info.filename
         self._claim(name)
-        flags = info.flag_bits & ~_FLAG_DATA_DESCRIPTOR
+        flags = info.flag_bits & ~FLAG_DATA_DESCRIPTOR
         if rename is not None or not member.raw_header_ok:
             raw_name, utf8 = _name_bytes(name)
-            flags = (flags & ~_FLAG_UTF8) | utf8
+            flags = (flags & ~FLAG_UTF8) | utf8
             offset = self._write_local_header(raw_name, flags, info)
             self._queue(src, member.data_offset, member.data_end)
         else:
@@ -375,8 +299,8 @@ def _local_header(
         csize = usize = _U32
         version = _VERSION_ZIP64
     return (
-        _LOCAL.pack(
-            _LOCAL_SIG,
+        LOCAL.pack(
+            LOCAL_SIG,
             version,
             flags,
             method,
@@ -459,15 +383,3 @@ def _copy_range(src: BinaryIO, dst: BinaryIO, start: int, length: int) -> None:
             dst.write(chunk)
             remaining -= len(chunk)
     dst.seek(out_off + length)
-
-
-def read_raw(f: BinaryIO, member: SourceMember, chunk: int = 1 << 22) -> Iterator[bytes]:
-    """The member's compressed bytes, in chunks."""
-    f.seek(member.data_offset)
-    remaining = member.info.compress_size
-    while remaining:
-        data = f.read(min(remaining, chunk))
-        if not data:
-            raise ZipFormatError(f"member {member.name}: the archive ended inside its data.")
-        remaining -= len(data)
-        yield data
