@@ -293,6 +293,7 @@ def negotiating_server(directory: Path) -> Iterator[tuple[str, list[tuple[str, s
     handler = type("Handler", (_NegotiatingHandler,), {"served": served})
     factory = functools.partial(handler, directory=str(directory))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), factory)
+    httpd.socket.setblocking(False)  # as synthetic.IndexServer's: accept() never blocks
     thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:

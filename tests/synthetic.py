@@ -442,6 +442,9 @@ class IndexServer:
                     super().finish_request(conn, client_address)
 
         self.httpd = Server(("127.0.0.1", 0), Handler)
+        # accept() never blocks the serving thread (a connection gone between the poll and
+        # accept would otherwise hold it, and shutdown() with it, for good)
+        self.httpd.socket.setblocking(False)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
 
     def files_of(self, project: str) -> list[Path]:
