@@ -326,3 +326,16 @@ def test_a_build_only_change_lists_no_engine_tests():
     with pytest.raises(OverlayConfigError, match="the build is its proof"):
         parse(GOOD + text)
 
+
+def test_every_change_of_our_series_has_tests_or_is_proven_by_its_build():
+    """What tests/integration/test_overlay_tests.py proves (each test fails without its
+    change) covers every change but the build-only ones, which are proven by the build they
+    enable (the engine tests compile the test build from the patched tree): said here, so that
+    a change with no tests is never passed over silently."""
+    ov = load_overlay(Path(__file__).resolve().parents[2] / "overlay")
+    untested = [c.id for c in ov.changes if not c.tests and not c.build_only]
+    assert untested == []
+    scoped = ov.build_only()
+    assert scoped and all(c.ours and c.drop_condition and c.since for c in scoped)
+    assert all(c.forwarded.state == "not-needed" and not c.engine_tests for c in scoped)
+    assert [c.id for c in ov.changes[-len(scoped) :]] == [c.id for c in scoped]  # last
