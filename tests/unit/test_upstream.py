@@ -468,3 +468,20 @@ def test_the_hooks_line_names_only_what_matters():
         "(the fixes are in the commit); 1 not run here (typos)."
     )
     assert "spdx" not in line
+
+
+def test_a_build_only_change_is_refused_by_name_not_skipped():
+    """A change scoped to our CPU builds (overlay.toml `builds`) edits our build of vLLM: its
+    proof is the build it enables, and there is nothing for upstream to take."""
+    from vllm_overlay.errors import UpstreamError
+    from vllm_overlay.overlay.model import parse_overlay
+
+    overlay = parse_overlay(
+        '[[change]]\nid = "cpu-gate"\ntitle = "T"\nwhy = "w"\norigin = "https://x.invalid/"\n'
+        'origin_kind = "original"\ndrop_condition = "never"\n'
+        'forwarded = { state = "not-needed", reason = "our build only" }\n'
+        'builds = ["cpu-source"]\nfiles = ["cmake/cpu_extension.cmake"]\ntests = []\n',
+        Path("/p/overlay"),
+    )
+    with pytest.raises(UpstreamError, match=r"cpu-gate is a build-only change \(builds = "):
+        prepare.prepare(None, overlay, "cpu-gate")  # refused before anything is read

@@ -75,6 +75,8 @@ def render(data: dict, lock: Lock) -> str:
         out.append(f"    {standing_line(c)}")
         drop = " (holds now: this change should be dropped)" if c["drop_now"] else ""
         out.append(f"    drop when {c['drop_rule']}{drop}")
+        if c.get("builds"):
+            out.append(f"    only in the {', '.join(c['builds'])} build; proof: {c['proof']}")
         for f in c["files"]:
             after = f" (on top of {', '.join(f['after'])})" if f["after"] else ""
             out.append(f"    {f['kind']:7} {f['path']}{after}")

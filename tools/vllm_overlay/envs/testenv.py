@@ -69,7 +69,7 @@ from vllm_overlay.envs.envbuild import (  # noqa: F401 (re-exported)
     root,
 )
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.wheel import cpuedits
+from vllm_overlay.wheel import cpufacts
 
 FORMAT = layout.FORMATS["test-env"]  # bumped there (the cache reads it)
 
@@ -89,8 +89,8 @@ REQUIREMENTS_FILE = "requirements/common.txt"
 
 def needs_triton_cpu(tree: Path) -> bool:
     """Whether vLLM at ``tree`` refuses to start on x86 without Triton's CPU backend."""
-    path = Path(tree) / cpuedits.CPU_PLATFORM
-    return path.is_file() and cpuedits.refuses_x86_without_triton(path.read_text(errors="replace"))
+    path = Path(tree) / cpufacts.CPU_PLATFORM
+    return path.is_file() and cpufacts.refuses_x86_without_triton(path.read_text(errors="replace"))
 
 
 @dataclass(frozen=True)

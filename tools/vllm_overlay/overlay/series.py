@@ -63,7 +63,7 @@ def check_consistency(lock: Lock, overlay: Overlay) -> None:
 
     files = overlay.all_files()
     missing = [f for f in files if f not in lock.base]
-    extra = [f for f in lock.base if f not in files]
+    extra = [f for f in lock.base if f not in overlay.series_files()]
     if missing or extra:
         parts = []
         if missing:

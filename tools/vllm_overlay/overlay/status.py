@@ -47,6 +47,8 @@ def _change(c: Change, lock: Lock, overlay: Overlay) -> dict:
         "drop_now": c.dropped_by(u.name, u.version),
         "files": [_file(c, f, lock, overlay) for f in c.files],
         "tests": list(c.tests),
+        "builds": list(c.builds),
+        "proof": c.proof,
         "upstream_tests": list(c.upstream_tests),
     }
 

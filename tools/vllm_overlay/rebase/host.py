@@ -233,6 +233,9 @@ class SdistHost:
     def prove_drop(self, version: str, change: Change, ours: dict[str, bytes]) -> Proof | None:
         if not self.prove:
             return None
+        if change.build_only and not change.tests:
+            return Proof(True, f"a build-only change, proven by {change.proof}: not compiled "
+                         "here (the engine proof of `track` compiles the test build)")  # fmt: skip
         if not change.tests and not change.upstream_tests:
             return Proof(True, "not proven: the change lists no tests")
         self.prove_drops(version, [(change, ours)])
@@ -243,6 +246,9 @@ class SdistHost:
         """``what``: "record" (a resolution record applied) or "resolution" (a person's)."""
         if not self.prove:
             return None
+        if change.build_only and not change.tests:
+            return Proof(True, f"a build-only change, proven by {change.proof}: not compiled "
+                         "here (the engine proof of `track` compiles the test build)")  # fmt: skip
         if not change.tests:
             return Proof(True, "the change lists no tests")
         started = time.monotonic()

@@ -31,7 +31,8 @@ def prove(project: Project, checkout: Path, *, settings: Settings = DEFAULTS) ->
     the report's ``changes``."""
     overlay = project.overlay()
     wanted = {c.id: list(c.tests) for c in overlay.changes if c.tests}
-    untested = [c.id for c in overlay.changes if not c.tests]
+    # a build-only change's proof is the build it enables (the engine proof compiles it)
+    untested = [c.id for c in overlay.changes if not c.tests and not c.build_only]
     if not wanted:
         return ChangesProof(ok=True, untested=tuple(untested))
     started = time.monotonic()

@@ -101,6 +101,13 @@ def _imported_helpers(path: str, text: str) -> list[str]:
 def prepare(lock: Lock, overlay: Overlay, change_id: str, *, settings: Settings = DEFAULTS
             ) -> tuple[Prepared, Path, str]:  # fmt: skip
     """The change's files for upstream; with the release's repository and base commit."""
+    change = overlay.change(change_id)
+    if change.build_only:  # said, not skipped: a build-only change is ours to carry
+        raise UpstreamError(
+            f"{change_id} is a build-only change (builds = {list(change.builds)}): it edits our "
+            "build of vLLM, not vLLM, and its proof is the build it enables, not a test "
+            f"upstream runs. Nothing to send; its standing: {change.forwarded.summary()}."
+        )
     repo, base = sdist_repo(lock, settings=settings)
     planned = plan(lock, overlay, repo, base)
     order = [pc.change.id for pc in planned]

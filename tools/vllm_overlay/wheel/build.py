@@ -27,7 +27,7 @@ from vllm_overlay.errors import BuildError, LockFileError, PreflightError, Usage
 from vllm_overlay.gitrepo import git, show_bytes
 from vllm_overlay.index.settings import DEFAULTS, Settings
 from vllm_overlay.overlay.checkout import apply_overlay, is_checkout, plan
-from vllm_overlay.overlay.model import overlay_digest
+from vllm_overlay.overlay.model import BUILDS, overlay_digest
 from vllm_overlay.overlay.project import Project
 from vllm_overlay.pin.artifacts import cached_path, ensure_artifact
 from vllm_overlay.pin.debian import ensure_source
@@ -36,7 +36,7 @@ from vllm_overlay.pin.sources import VARIANT as CPU_VARIANT
 from vllm_overlay.pin.sources import machine_of
 from vllm_overlay.pin.trees import upstream_repo
 from vllm_overlay.util import exclusive_lock, info
-from vllm_overlay.wheel import cpuedits, cpusource, cputorch, manylinux
+from vllm_overlay.wheel import cpusource, cputorch, manylinux
 from vllm_overlay.wheel.cpusource import CpuSourceBuild
 from vllm_overlay.wheel.metadata import parse_name
 from vllm_overlay.wheel.output import place, refusal, scratch, up_to_date
@@ -258,8 +258,8 @@ def _cpu_build(
         ensure_source(cpu.onednn)
         cpusource.unpack_onednn(root, cpu.onednn)
     tree = build_tree(p, opts)
-    for line in cpu.edit_tree(tree):
-        info(f"{cpuedits.CPU_REQUIREMENTS}: dropped `{line}` (a URL no installer here reaches)")
+    scoped = [c.id for c in p.overlay.build_only()]
+    info(f"the build-only changes the {cpu.build} build carries: {', '.join(scoped) or 'none'}")
     if cpu.cuda_torch:
         info(f"torch: the index's CUDA build, found through {cputorch.write_config(root)}")
     cmd = dataclasses.replace(cmd, tree=tree)
@@ -377,8 +377,10 @@ def cpu_dry_run_lines(p: BuildPlan, cpu: CpuSourceBuild, opts: BuildOptions) -> 
             if cpu.outside
             else []
         ),
-        "tree edits:",
-        *[f"  {e}" for e in cpu.tree_edits()],
+        f"changes of the {cpu.build} build (overlay.toml `builds`):",
+        *[f"  {c.id}: {c.title}" for c in p.overlay.build_only()],
+        "cmake arguments:",
+        *[f"  {a}" for a in cpu.build_arguments() or ("none",)],
     ]
     tree = tree_path(p)
     python = opts.python  # through the build root's env link once the environment is built
@@ -521,7 +523,10 @@ def expectation_for(
     project: Project, doc: dict[str, Any] | None, *, settings: Settings = DEFAULTS
 ) -> Expectation:
     """What the project says a wheel with provenance ``doc`` must hold (for verify)."""
-    lock, overlay = project.lock(), project.overlay()
+    lock, whole = project.lock(), project.overlay()
+    # the series the wheel's build carried (a CPU source build's scoped changes with it)
+    build = ((doc or {}).get("build_settings") or {}).get("build")
+    overlay = whole.for_build(build if build in BUILDS else None)
     repo, base = upstream_repo(lock, settings=settings)
     files = changed_files(lock, overlay, plan(lock, overlay, repo, base), package_name(lock))
     official = None
@@ -535,7 +540,7 @@ def expectation_for(
             )
     return Expectation(
         files=files,
-        overlay_digest=overlay_digest(overlay.dir),
+        overlay_digest=overlay_digest(whole.dir),
         upstream_commit=lock.upstream.commit,
         official=official,
         pinned_wheels={a.filename: a.sha256 for a in lock.wheels()},

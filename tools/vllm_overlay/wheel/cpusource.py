@@ -3,8 +3,11 @@
 vLLM's setup.py builds its CPU project when ``VLLM_TARGET_DEVICE=cpu``; the official x86_64
 wheels are built with ``VLLM_CPU_X86=1`` (kernels for AVX2, AVX512 and AVX512+AMX in one
 wheel, chosen at run time), and so is ours. ``CpuSourceBuild`` is the one object of such a
-build: its pins, its settings and key, its build root, its tree edits, its command, its
-preflight and what a dry run says of it. Two kinds:
+build: its pins, its settings and key, its build root, its CMake arguments, its command, its
+preflight and what a dry run says of it. It edits no file of vLLM's: what the tree needs for
+a CPU build is in the overlay, as changes scoped to the builds that carry them
+(``Overlay.for_build``: ``cpu-source``, every such build; ``cpu-test``, the test build), and
+what a build passes beside the tree is CMake arguments (``cmake_args``). Two kinds:
 
 - **the full build** (what ``make build-wheel`` ships): every extension target, oneDNN.
   Beyond the index it needs oneDNN's source tree: vLLM's CMake clones it from its git host
@@ -14,8 +17,8 @@ preflight and what a dry run says of it. Two kinds:
   and is unpacked beside the build tree. Version ``+ovl….src``.
 - **the test build** (what the engine tests compile where the lock pins a source build:
   CI, ``track``): the same tree and toolchain, compiled with only what the engine tests
-  need: the one extension this machine imports, no oneDNN, lighter headers
-  (``wheel/cpuedits.py``). Version ``+ovl….test``; its provenance says
+  need: the one extension this machine imports, no oneDNN, lighter headers (the
+  ``cpu-test`` changes; ``-DVLLM_OVERLAY_CPU_EXTENSION=<target>`` names the extension). Version ``+ovl….test``; its provenance says
   ``"test_build": true``; ``publish`` refuses it. Its own build root, so it never dirties
   the full build's CMake tree.
 
@@ -56,8 +59,14 @@ from vllm_overlay.pin.lockfile import SourceBuild, SourceInput
 from vllm_overlay.pin.sources import MACHINES, VARIANT, machine_of, refuse_machine
 from vllm_overlay.process import run
 from vllm_overlay.util import atomic_write_text, cache_dir, sha256_file
-from vllm_overlay.wheel import cpuedits, cputorch
-from vllm_overlay.wheel.cpuedits import URL_REQ, X86_TARGETS, gnu_version, machine_target
+from vllm_overlay.wheel import cpufacts, cputorch
+from vllm_overlay.wheel.cpufacts import (
+    EXTENSION_VAR,
+    URL_REQ,
+    X86_TARGETS,
+    gnu_version,
+    machine_target,
+)
 from vllm_overlay.wheel.metadata import metadata_version, parse_name, requires_dist
 from vllm_overlay.wheel.setupbuild import SOURCE_DATE_EPOCH, SetupCommand
 
@@ -81,7 +90,7 @@ class CpuSourceBuild:
     cmake_build_type: str = "Release"
     max_jobs: int | None = None
     cuda_torch: bool = False  # the build environment pins torch's CUDA build (cputorch.py)
-    # A test build: the one extension it compiles (cpuedits.machine_target); None: full.
+    # A test build: the one extension it compiles (cpufacts.machine_target); None: full.
     test_target: str | None = None
     # What the wheel needs beside it that its metadata cannot name (the requirements the
     # tree names by URL: triton-cpu), and whether vLLM stops on x86 without them (0.34.0).
@@ -95,6 +104,12 @@ class CpuSourceBuild:
     @property
     def kind(self) -> str:
         return "test" if self.test else "full"
+
+    @property
+    def build(self) -> str:
+        """The overlay's name of this build (``Overlay.for_build``): which scoped changes its
+        tree carries."""
+        return "cpu-test" if self.test else "cpu-source"
 
     @property
     def manylinux(self) -> bool:
@@ -136,12 +151,24 @@ class CpuSourceBuild:
 
     # -- what it is -----------------------------------------------------------------------
 
-    def tree_edits(self) -> tuple[str, ...]:
-        return cpuedits.tree_edits(self.compiler, self.cuda_torch, self.test_target)
+    def cmake_args(self, root: Path) -> list[str]:
+        """What the build passes to vLLM's CMake (``CMAKE_ARGS``): our TorchConfig.cmake
+        where the build environment pins torch's CUDA build; the one extension of a test
+        build (the ``cpu-test-build-one-extension`` change reads it)."""
+        args = [f"-DTorch_DIR={root / cputorch.TORCH_DIR}"] if self.cuda_torch else []
+        if self.test_target is not None:
+            args.append(f"-D{EXTENSION_VAR}={self.test_target}")
+        return args
 
-    def edit_tree(self, tree: Path) -> list[str]:
-        """The tree edits made (``cpuedits``); returns the requirement lines dropped."""
-        return cpuedits.edit_tree(tree, self.compiler, self.cuda_torch, self.test_target)
+    def build_arguments(self) -> tuple[str, ...]:
+        """``cmake_args``, each with why, as the provenance records them (no paths)."""
+        out = (cputorch.CMAKE_ARG,) if self.cuda_torch else ()
+        if self.test_target is not None:
+            others = ", ".join(t for t in X86_TARGETS if t != self.test_target)
+            out += (f"-D{EXTENSION_VAR}={self.test_target}: only {self.test_target} is compiled "
+                    "(what CpuPlatform.import_kernels imports on the build machine; "
+                    f"{others} are empty targets, not in the wheel)",)  # fmt: skip
+        return out
 
     def key_settings(self) -> dict[str, Any]:
         """What changes the wheel (recorded in provenance, part of the build key)."""
@@ -161,7 +188,8 @@ class CpuSourceBuild:
             "constraints": self.source.constraints,
             "constraints_sha256": self.source.constraints_sha256,
             "inputs": inputs,
-            "tree_edits": list(self.tree_edits()),
+            "build": self.build,
+            "cmake_args": list(self.build_arguments()),
         }
         if self.manylinux:
             out["manylinux"] = (f"auditwheel {_version_of('auditwheel')} repair: the newest "
@@ -178,7 +206,7 @@ class CpuSourceBuild:
     def without_outside(self) -> str:
         """What happens on x86 where the requirements beside the wheel are missing."""
         if self.needs_triton:
-            return f"vLLM stops at engine start: RuntimeError: {cpuedits.TRITON_REFUSAL}"
+            return f"vLLM stops at engine start: RuntimeError: {cpufacts.TRITON_REFUSAL}"
         return ("vLLM runs Model Runner V1 on x86 ('Model Runner V2 requires Triton; using the "
                 "V1 model runner instead')")  # fmt: skip
 
@@ -236,8 +264,9 @@ class CpuSourceBuild:
             env["FETCHCONTENT_SOURCE_DIR_ONEDNN"] = str(root / "onednn")
         if self.max_jobs:
             env["MAX_JOBS"] = str(self.max_jobs)
-        if self.cuda_torch:  # our TorchConfig.cmake (cputorch.write_config) in its place
-            env["CMAKE_ARGS"] = f"-DTorch_DIR={root / cputorch.TORCH_DIR}"
+        args = self.cmake_args(root)  # vLLM's setup.py appends CMAKE_ARGS to its cmake call
+        if args:
+            env["CMAKE_ARGS"] = " ".join(args)
         else:
             unset += ("CMAKE_ARGS",)
         return SetupCommand("source", python, tree, dist_dir, env, unset)
@@ -337,7 +366,7 @@ class CpuSourceBuild:
                 f"torch {version} in the build environment is a CUDA build; the CPU "
                 f"build needs {torch_req or 'the CPU build of torch'}."
             )
-        if self.cuda_torch and torch_req is not None:  # the tree is edited to torch==X
+        if self.cuda_torch and torch_req is not None:  # vllm-cpu-torch-from-the-index
             torch_req = Requirement(cputorch.index_requirement(str(torch_req)))
         if torch_req is not None and not torch_req.specifier.contains(version, prereleases=True):
             problems.append(
@@ -377,8 +406,8 @@ class CpuSourceBuild:
             )
         if self.test and exts != [self.test_target]:
             raise BuildError(
-                f"the test build of {self.test_target} holds {', '.join(exts)}: its tree edits "
-                "did not take. Nothing was placed."
+                f"the test build of {self.test_target} holds {', '.join(exts)}: the cpu-test "
+                f"changes or -D{EXTENSION_VAR} did not take. Nothing was placed."
             )
 
 

