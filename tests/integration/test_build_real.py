@@ -110,7 +110,7 @@ def pinned(project: Path) -> tuple[str, str]:
 
 def patched_files(project: Path) -> dict[str, bytes]:
     p = Project(project)
-    lock, overlay = p.lock(), p.overlay()
+    lock, overlay = p.lock(), p.overlay().for_build(None)  # what the CUDA wheels carry
     repo, base = upstream_repo(lock)
     return {path: data for pc in plan(lock, overlay, repo, base) for path, data in pc.files.items()}
 
