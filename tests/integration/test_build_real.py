@@ -170,7 +170,7 @@ def test_real_repack_build_is_reproducible_verified_and_installable(cli, real_pr
 
     inspect = cli("inspect", "--installed", "--path", str(target))
     assert inspect.rc == 0, inspect.err
-    changes = Project(real_project).overlay().changes
+    changes = Project(real_project).overlay().for_build(None).changes
     for c in changes:
         assert c.id in inspect.out
     assert f"changes    {len(changes)}" in inspect.out
