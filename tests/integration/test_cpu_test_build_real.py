@@ -105,8 +105,8 @@ endforeach()
 """
 
 
-@pytest.mark.parametrize("target", [*X86_TARGETS, None])
-def test_cmake_defines_exactly_the_extension_the_variable_names(trees, tmp_path, target):
+def _configure(trees, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Real CMake (the test extra's, beside this Python) on the patched x86 section."""
     cmake = shutil.which("cmake", path=str(Path(sys.executable).parent))
     if cmake is None:
         pytest.fail("cmake is not installed beside this Python (the test extra installs it)")
@@ -114,23 +114,20 @@ def test_cmake_defines_exactly_the_extension_the_variable_names(trees, tmp_path,
     src.mkdir()
     section = _x86_section(_text(trees["cpu-test"], CMAKE))
     (src / "CMakeLists.txt").write_text(PROJECT.replace("SECTION", section))
-    args = [f"-D{EXTENSION_VAR}={target}"] if target else []
-    res = subprocess.run([cmake, "-S", src, "-B", tmp_path / "build", "-G", "Ninja", *args],
-                         capture_output=True, text=True, check=False,
-                         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})  # fmt: skip
+    return subprocess.run([cmake, "-S", src, "-B", tmp_path / "build", "-G", "Ninja", *args],
+                          capture_output=True, text=True, check=False,
+                          env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})  # fmt: skip
+
+
+@pytest.mark.parametrize("target", [*X86_TARGETS, None])
+def test_cmake_defines_exactly_the_extension_the_variable_names(trees, tmp_path, target):
+    res = _configure(trees, tmp_path, *([f"-D{EXTENSION_VAR}={target}"] if target else []))
     assert res.returncode == 0, res.stdout + res.stderr
     compiled = re.search(r"-- compiled: (.*)", res.stdout).group(1).split(";")
     assert compiled == ([target] if target else list(X86_TARGETS))
 
 
 def test_cmake_refuses_an_extension_vllm_does_not_have(trees, tmp_path):
-    cmake = shutil.which("cmake", path=str(Path(sys.executable).parent))
-    src = tmp_path / "src"
-    src.mkdir()
-    section = _x86_section(_text(trees["cpu-test"], CMAKE))
-    (src / "CMakeLists.txt").write_text(PROJECT.replace("SECTION", section))
-    res = subprocess.run([cmake, "-S", src, "-B", tmp_path / "build", "-G", "Ninja",
-                          f"-D{EXTENSION_VAR}=_C_AVX10"], capture_output=True, text=True,
-                         check=False, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})  # fmt: skip
+    res = _configure(trees, tmp_path, f"-D{EXTENSION_VAR}=_C_AVX10")
     assert res.returncode != 0
     assert f"{EXTENSION_VAR} must be _C, _C_AVX512 or _C_AVX2" in res.stdout + res.stderr
