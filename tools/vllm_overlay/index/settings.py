@@ -24,7 +24,6 @@ from vllm_overlay.index.client import (
     FETCH_HINT,
     TIMEOUT,
     IndexClient,
-    TLSSettings,
     configured_index_urls,
 )
 
@@ -37,7 +36,6 @@ class Settings:
     source: str = "sdist"  # --source: "sdist" (the release sdist) or "git" (the remote)
     git_url: str | None = None  # --git-url: a mirror of the upstream git repository
     test_python: str | None = None  # --test-python; None: vLLM's CPU test environment
-    tls: TLSSettings | None = None  # None: pip's cert / client-cert, read at the first https
 
     @classmethod
     def from_options(cls, args: argparse.Namespace) -> Settings:
@@ -59,8 +57,9 @@ class Settings:
         return ", ".join(redact(u) for u in self.index_urls)
 
     def client(self, *, timeout: float = TIMEOUT, hint: str = FETCH_HINT) -> IndexClient:
-        """A client of the index with pip's credentials for it and these TLS settings."""
-        return IndexClient(self.index_urls, timeout=timeout, hint=hint, tls=self.tls)
+        """A client of the index with pip's credentials and TLS settings for it (pip's
+        ``cert`` and ``client-cert``, read at the first https request)."""
+        return IndexClient(self.index_urls, timeout=timeout, hint=hint)
 
 
 # A command given no options: pip's index, credentials and TLS; the sdist; the test environment.
