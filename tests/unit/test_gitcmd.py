@@ -12,20 +12,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from procs import gone
 from vllm_overlay import gitrepo
 from vllm_overlay.errors import CommandTimeout
 from vllm_overlay.gitrepo import commit, git, host_of, open_repo, remote_git, run_git
 from vllm_overlay.pin.pinning import resolve_commit
 from vllm_overlay.rebase.target import release_of_commit
-
-
-def _alive(pid: int) -> bool:
-    """The process is there and not a zombie (its parent, killed, never reaped it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def _hang(tmp_path: Path) -> tuple[list[str], Path]:
@@ -50,7 +42,7 @@ def test_a_git_past_its_time_is_stopped_with_its_whole_group(repo, tmp_path):
     with open_repo(repo) as r, pytest.raises(CommandTimeout, match="timed out after 2 s") as e:
         run_git(r.git, *args, timeout=2)
     assert e.value.cmd[:2] == ("git", "-c")
-    assert not _alive(int(pidfile.read_text()))  # the grandchild went with the group
+    assert gone(int(pidfile.read_text()))  # the grandchild went with the group
 
 
 def test_gitpythons_own_calls_run_through_the_runner(repo, tmp_path):
@@ -62,7 +54,7 @@ def test_gitpythons_own_calls_run_through_the_runner(repo, tmp_path):
         assert r.is_ancestor("HEAD", "HEAD")  # merge-base --is-ancestor, its exit status
         with pytest.raises(CommandTimeout):
             r.git.execute(["git", *args], kill_after_timeout=2)
-    assert not _alive(int(pidfile.read_text()))
+    assert gone(int(pidfile.read_text()))
 
 
 def test_gitpythons_persistent_readers_run_in_their_group_and_stop_with_the_repo(repo):
@@ -70,7 +62,7 @@ def test_gitpythons_persistent_readers_run_in_their_group_and_stop_with_the_repo
         assert r.head.commit.tree["f.txt"].data_stream.read() == b"x\n"  # cat-file --batch
         pids = [r.git.cat_file_all.pid]
         assert all(os.getpgid(pid) == pid for pid in pids)  # a group of its own
-    assert not any(_alive(pid) for pid in pids)
+    assert all(gone(pid) for pid in pids)
 
 
 @pytest.fixture

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from procs import gone
 from vllm_overlay import process
 from vllm_overlay.errors import CommandError, OverlayError
 
@@ -24,21 +23,6 @@ FAMILY = textwrap.dedent("""\
     print("on stderr", file=sys.stderr, flush=True)
     time.sleep(600)
 """)
-
-
-def gone(pid: int) -> bool:
-    """The process is gone (reaped, or a zombie waiting for its parent, which is gone too)."""
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_stop_goes_past_an_ignored_sigint_and_takes_the_whole_group(monkeypatch):
