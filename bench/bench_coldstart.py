@@ -9,7 +9,7 @@ the tool's venv there too), it times each phase and prints a table:
                (`vllm-overlay testenv --tree DIR`, VLLM_OVERLAY_INSTALLER=pip for pip)
   unit         cold `make test-unit` (tests/unit: no network, no test environment), with
                the PYTEST_ARGS below
-  test         cold `make test PYTEST_ARGS="-n 2 --dist worksteal"` as CI runs it: its own venv, every
+  test         cold `make test PYTEST_ARGS="-n 3 --dist worksteal"` as CI runs it: its own venv, every
                download and test environment from empty caches
   upstream     then `make test-upstream SUITE_ARGS=--baseline-for-failures`, as CI does next
                (test + upstream is the cold CI run, less CI's chromium install)
@@ -37,7 +37,7 @@ from vllm_overlay import process, util  # noqa: E402
 from vllm_overlay.envs.childenv import clean_environ  # noqa: E402
 
 PHASES = ("venv", "testenv", "unit", "test", "upstream", "warm")
-CI_PYTEST_ARGS = "PYTEST_ARGS=-n 2 --dist worksteal"  # .ci/run's, less its reporting flags
+CI_PYTEST_ARGS = "PYTEST_ARGS=-n 3 --dist worksteal"  # .ci/run's, less its reporting flags
 DEFAULT_PHASES = ("venv", "testenv")
 
 
@@ -156,10 +156,10 @@ def table(figures: dict[str, dict]) -> str:
                 f"{label:34} {sec(key + '-pip'):>12} {sec(key + '-uv'):>12} {ratio(pip, uv):>8}"
             )
     for label, key in (
-        ("make test-unit -n 2 (cold)", "unit"),
-        ("make test -n 2 (cold, with venv)", "test"),
+        ("make test-unit -n 3 (cold)", "unit"),
+        ("make test -n 3 (cold, with venv)", "test"),
         ("make test-upstream (then, targeted)", "upstream"),
-        ("make test -n 2 (warm)", "warm"),
+        ("make test -n 3 (warm)", "warm"),
     ):
         if key in figures:
             rows.append(f"{label:34} {'':>12} {sec(key):>12}")

@@ -249,7 +249,21 @@ class RunnerEnv(EngineEnv):
     def environ(self, workdir: Path) -> dict[str, str]:
         env = super().environ(workdir)
         env.update(dict(self.variables))
+        if self.device == "cpu":  # a session's own binding (tensor parallelism's) comes later
+            env["VLLM_CPU_OMP_THREADS_BIND"] = worker_core()
         return env
+
+
+def worker_core() -> str:
+    """The one core the engines this pytest worker starts bind their OpenMP threads to
+    (``VLLM_CPU_OMP_THREADS_BIND``): worker gwN gets the Nth of the cores this process may run
+    on, round robin. vLLM's default ("auto") binds every engine's worker process to the first
+    cores it finds, so two workers' engines ran their model on core 0, one after the other,
+    while core 1 idled; a core of its own per pytest worker runs them side by side."""
+    cores = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    return str(cores[index % len(cores)])
 
 
 # What every process of an engine environment runs with, per (device, runner). On the CPU,
