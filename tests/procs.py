@@ -18,7 +18,7 @@ def _state(pid: int) -> str | None:
     """The process's state letter from /proc (``None``: no such process)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
+    except FileNotFoundError:
         return None
 
 
